@@ -1,0 +1,1 @@
+"""Data package: the Hydra config tree, shipped as `ddtree_deploy.conf` so `pkg://` finds it installed."""

@@ -1,0 +1,76 @@
+"""Compose `conf/` through Hydra's compose API into a validated `DeployConfig`.
+
+Hydra's own errors are multi-line and name internals; this module turns each into the one
+sentence the user reads (`ConfigError`), so `cli` never shows a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from hydra import compose, initialize_config_module
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from ddtree_deploy.config.rules import check_config
+from ddtree_deploy.config.schema import DeployConfig, register_configs
+from ddtree_deploy.errors import ConfigError
+
+CONFIG_MODULE = "ddtree_deploy.conf"
+_MISSING_OPTION = re.compile(r"Could not find '(?P<group>[^']+)/(?P<option>[^']+)'")
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DeployConfig:
+    """Compose `config.yaml` with command-line style overrides and check every rule.
+
+    Raises `ConfigError` with one sentence for unknown options, wrong types, unknown keys,
+    missing values and broken cross-field rules.
+    """
+    register_configs()
+    try:
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            raw = compose("config", overrides=list(overrides))
+        cfg = OmegaConf.to_object(raw)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise _as_config_error(err) from err
+    assert isinstance(cfg, DeployConfig)
+    check_config(cfg)
+    return cfg
+
+
+def _as_config_error(err: Exception) -> ConfigError:
+    if isinstance(err, MissingConfigException):
+        return _missing_option_error(err)
+    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
+    key = getattr(cause, "full_key", None)
+    first_line = _first_line(getattr(cause, "msg", None) or str(cause))
+    if isinstance(cause, MissingMandatoryValue):
+        return ConfigError(f"Config key {key} is required but has no value; set {key}=<value>.")
+    if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
+        return ConfigError(
+            f"Config key {key} does not exist; check its spelling against the files in conf/."
+        )
+    if isinstance(cause, ValidationError) and key:
+        return ConfigError(f"Config key {key} has an invalid value: {first_line.rstrip('.')}.")
+    return ConfigError(f"The configuration could not be composed: {first_line.rstrip('.')}.")
+
+
+def _missing_option_error(err: MissingConfigException) -> ConfigError:
+    match = _MISSING_OPTION.search(str(err))
+    if match is None:
+        return ConfigError(f"The configuration could not be composed: {_first_line(str(err))}")
+    group, option = match["group"], match["option"]
+    choices = sorted(o for o in (err.options or []) if not o.startswith("base_"))
+    return ConfigError(f"Unknown {group} {option!r}; choose one of: {', '.join(choices)}.")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text

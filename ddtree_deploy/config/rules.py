@@ -1,0 +1,150 @@
+"""Cross-field rules a schema cannot express; each broken rule is one sentence naming key and value."""
+
+from __future__ import annotations
+
+import re
+
+from packaging.version import InvalidVersion, Version
+
+from ddtree_deploy.config.schema import ACTIONS, Algo, DeployConfig, Transport, TreeMode
+from ddtree_deploy.errors import ConfigError
+
+_TORCH_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+_CUDA_VERSION = re.compile(r"^\d+\.\d+$")
+_PYTHON_VERSION = re.compile(r"^3\.\d+$")
+_GPU_ARCH = re.compile(r"^sm_\d+[a-z]?$")
+
+
+def check_config(cfg: DeployConfig) -> None:
+    """Raise `ConfigError` for the first broken rule; return quietly when the config is sound."""
+    for problem in _problems(cfg):
+        raise ConfigError(problem)
+
+
+def _problems(cfg: DeployConfig) -> list[str]:
+    return [
+        *_action_problems(cfg),
+        *_abi_problems(cfg),
+        *_gpu_problems(cfg),
+        *_host_problems(cfg),
+        *_algo_problems(cfg),
+        *_sglang_problems(cfg),
+        *_validation_problems(cfg),
+    ]
+
+
+def _action_problems(cfg: DeployConfig) -> list[str]:
+    if cfg.action in ACTIONS:
+        return []
+    return [f"action={cfg.action!r} is unknown; choose one of: {', '.join(ACTIONS)}."]
+
+
+def _abi_problems(cfg: DeployConfig) -> list[str]:
+    abi = cfg.abi
+    problems = []
+    if not _TORCH_VERSION.match(abi.torch):
+        problems.append(
+            f"abi.torch={abi.torch!r} is malformed: give the public torch version as X.Y.Z "
+            "(e.g. 2.11.0), without a +cuXXX suffix (that is abi.cuda)."
+        )
+    if abi.cuda is not None and not _CUDA_VERSION.match(abi.cuda):
+        problems.append(
+            f"abi.cuda={abi.cuda!r} is malformed: give torch's CUDA version as X.Y (e.g. 12.8), "
+            "or null for a CPU build."
+        )
+    if not _PYTHON_VERSION.match(abi.python):
+        problems.append(f"abi.python={abi.python!r} is malformed: give the Python version as 3.Y.")
+    return problems
+
+
+def _gpu_problems(cfg: DeployConfig) -> list[str]:
+    gpu = cfg.gpu
+    if gpu.name == "none":
+        if cfg.host.gpu_count:
+            return [
+                f"host.gpu_count={cfg.host.gpu_count} but gpu=none; pick the host's GPU model "
+                "(gpu=rtx_pro_6000_blackwell or gpu=h200)."
+            ]
+        return []
+    if not _GPU_ARCH.match(gpu.arch):
+        return [f"gpu.arch={gpu.arch!r} is malformed: give the CUDA arch as sm_XY (e.g. sm_120)."]
+    return []
+
+
+def _host_problems(cfg: DeployConfig) -> list[str]:
+    host = cfg.host
+    problems = []
+    if host.transport is Transport.ssh and not host.address:
+        problems.append(
+            f"host.address is missing for host {host.name} (transport ssh); "
+            f"set host.address=<name or IP>."
+        )
+    bad_ids = [i for i in host.gpu_ids if not 0 <= i < host.gpu_count]
+    if bad_ids:
+        problems.append(
+            f"host.gpu_ids={list(host.gpu_ids)} names GPUs outside 0..{host.gpu_count - 1} "
+            f"(host.gpu_count={host.gpu_count})."
+        )
+    if len(set(host.gpu_ids)) != len(host.gpu_ids):
+        problems.append(f"host.gpu_ids={list(host.gpu_ids)} lists a GPU twice.")
+    if not host.staging and cfg.service.tp_size > len(host.gpu_ids):
+        problems.append(
+            f"service.tp_size={cfg.service.tp_size} needs more GPUs than host.gpu_ids "
+            f"gives ({len(host.gpu_ids)})."
+        )
+    return problems
+
+
+def _algo_problems(cfg: DeployConfig) -> list[str]:
+    algo, model = cfg.algo, cfg.model
+    if algo.block_size != model.draft_block_size:
+        return [
+            f"algo.block_size={algo.block_size} does not match the draft model's block size "
+            f"{model.draft_block_size} (model.draft_block_size of {model.name}); "
+            f"set algo.block_size={model.draft_block_size}."
+        ]
+    if algo.name is not Algo.DDTREE:
+        return []
+    max_budget = algo.block_size - 1
+    if not 1 <= algo.budget <= max_budget:
+        return [
+            f"algo.budget={algo.budget} is out of range: it must be between 1 and "
+            f"block_size - 1 = {max_budget} (the verify width stays the block size)."
+        ]
+    if not 1 <= algo.topk <= algo.budget:
+        return [
+            f"algo.topk={algo.topk} is out of range: it must be between 1 and "
+            f"algo.budget = {algo.budget}."
+        ]
+    if algo.mode is TreeMode.shadow_linear and (algo.topk != 1 or algo.budget != max_budget):
+        return [
+            f"algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget={max_budget} "
+            f"(got topk={algo.topk}, budget={algo.budget}); use algo=ddtree_shadow."
+        ]
+    if algo.mode is TreeMode.tree and model.hybrid and not algo.allow_hybrid_unsafe:
+        return [
+            f"algo.mode=tree on the hybrid target {model.name} needs "
+            "algo.allow_hybrid_unsafe=true (recurrent state is shared between sibling tree "
+            "nodes); use algo=ddtree_shadow for the safe chain mode."
+        ]
+    return []
+
+
+def _sglang_problems(cfg: DeployConfig) -> list[str]:
+    try:
+        Version(cfg.sglang.version)
+    except InvalidVersion:
+        return [f"sglang.version={cfg.sglang.version!r} is not a version (e.g. 0.5.11)."]
+    return []
+
+
+def _validation_problems(cfg: DeployConfig) -> list[str]:
+    val = cfg.validation
+    problems = []
+    if val.min_speedup <= 0:
+        problems.append(f"validation.min_speedup={val.min_speedup} must be above 0.")
+    if not 0 <= val.acceptance_tolerance < 1:
+        problems.append(
+            f"validation.acceptance_tolerance={val.acceptance_tolerance} must be in [0, 1)."
+        )
+    return problems
