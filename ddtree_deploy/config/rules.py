@@ -1,4 +1,4 @@
-"""Cross-field rules a schema cannot express; each broken rule is one sentence naming key and value."""
+"""Cross-field rules a schema cannot express; each broken rule is one sentence."""
 
 from __future__ import annotations
 

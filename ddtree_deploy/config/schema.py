@@ -7,20 +7,20 @@ or an unknown key fails at compose time. Cross-field rules live in `config.rules
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
-class Algo(str, Enum):
+class Algo(StrEnum):
     """Speculative algorithm SGLang is launched with."""
 
     DFLASH = "DFLASH"
     DDTREE = "DDTREE"
 
 
-class TreeMode(str, Enum):
+class TreeMode(StrEnum):
     """How DDTree verifies: a real tree, or the chain that must equal linear DFlash."""
 
     # Member names equal their values: OmegaConf matches YAML strings against enum names.
@@ -28,14 +28,14 @@ class TreeMode(str, Enum):
     shadow_linear = "shadow_linear"
 
 
-class Transport(str, Enum):
+class Transport(StrEnum):
     """How the toolkit reaches a host."""
 
     local = "local"
     ssh = "ssh"
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     """How read-only actions print their result."""
 
     table = "table"
@@ -90,7 +90,7 @@ class SglangConfig:
     """The SGLang release pinned for a host, and what its CPU staging venv needs."""
 
     version: str = MISSING
-    # Installed next to `sglang==version` (with --no-deps) when `action=prepare` builds a staging venv.
+    # Installed beside `sglang==version` (--no-deps) when `action=prepare` builds a staging venv.
     staging_requirements: list[str] = field(default_factory=list)
 
 

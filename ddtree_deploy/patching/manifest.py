@@ -1,0 +1,183 @@
+"""Patch-set manifests (`patches/sglang/<release>/series.yaml`) and selection by SGLang version.
+
+A manifest names the releases it serves (a PEP 440 specifier), its patches in order with the
+sha256 of every target file before and after, and every DFLASH gate site of the release with
+its disposition. This module only reads and checks manifests; it never touches a host.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from ddtree_deploy.errors import DeployError
+
+
+class PatchSetError(DeployError):
+    """A patch set is missing, malformed, or does not serve the installed release."""
+
+    exit_code = 5
+
+
+class UnsupportedRelease(PatchSetError):
+    """No patch set serves the SGLang release a host runs."""
+
+
+class Disposition(StrEnum):
+    """What review decided for one DFLASH gate site."""
+
+    covered = "covered"  # a named patch makes the site serve DDTREE too
+    widened = "widened"  # reached through a predicate a patch widened (is_dflash() etc.)
+    dflash_only = "dflash-only"  # must stay DFLASH-only; the reason says why
+
+
+@dataclass(frozen=True)
+class PatchedFile:
+    """One target file of a patch, with its content hashes before and after the patch."""
+
+    path: PurePosixPath  # relative to site-packages, inside the package
+    sha256_before: str
+    sha256_after: str
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One unified diff of a set."""
+
+    name: str
+    purpose: str
+    files: tuple[PatchedFile, ...]
+    diff_path: Path
+
+
+@dataclass(frozen=True)
+class GateReview:
+    """A reviewed DFLASH gate site: matched by file, enclosing function and stripped line."""
+
+    file: PurePosixPath
+    function: str
+    text: str
+    disposition: Disposition
+    patch: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    """A release's ordered patches and gate reviews."""
+
+    name: str
+    release: SpecifierSet
+    package: str
+    patches: tuple[Patch, ...]
+    gates: tuple[GateReview, ...]
+    directory: Path
+
+    def serves(self, version: str) -> bool:
+        return Version(version) in self.release
+
+    def is_exact(self) -> bool:
+        """True for `==X` sets, which win over ranges serving the same release."""
+        return all(spec.operator in ("==", "===") for spec in self.release)
+
+
+def patch_sets_root() -> Path:
+    """The `patches/sglang` folder shipped with the package."""
+    return Path(str(importlib.resources.files("ddtree_deploy.patchsets"))) / "sglang"
+
+
+def load_patch_sets(root: Path | None = None) -> list[PatchSet]:
+    """Every patch set under `root`, sorted by folder name."""
+    base = root or patch_sets_root()
+    return [load_patch_set(series.parent) for series in sorted(base.glob("*/series.yaml"))]
+
+
+def select_patch_set(version: str, root: Path | None = None) -> PatchSet:
+    """The patch set serving SGLang `version` (exact specifiers win over ranges)."""
+    try:
+        Version(version)
+    except InvalidVersion as err:
+        raise UnsupportedRelease(f"SGLang version {version!r} is not a valid version.") from err
+    sets = load_patch_sets(root)
+    serving = sorted((s for s in sets if s.serves(version)), key=lambda s: not s.is_exact())
+    if not serving:
+        supported = ", ".join(str(s.release) for s in sets) or "none"
+        raise UnsupportedRelease(
+            f"SGLang {version} has no patch set (supported: {supported}); "
+            "pin a supported release in the host's sglang config."
+        )
+    return serving[0]
+
+
+def load_patch_set(directory: Path) -> PatchSet:
+    """Parse and check one `series.yaml`; raises `PatchSetError` naming the file on any flaw."""
+    series = directory / "series.yaml"
+    try:
+        raw = yaml.safe_load(series.read_text())
+        return _build(directory, raw)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, InvalidSpecifier) as err:
+        raise PatchSetError(f"{series} is not a valid patch-set manifest: {err}.") from err
+
+
+def _build(directory: Path, raw: dict[str, Any]) -> PatchSet:
+    package = str(raw["package"])
+    patches = tuple(_build_patch(directory, package, entry) for entry in raw["patches"])
+    gates = tuple(_build_gate(entry) for entry in raw.get("gates") or [])
+    return PatchSet(
+        name=directory.name,
+        release=SpecifierSet(str(raw["release"])),
+        package=package,
+        patches=patches,
+        gates=gates,
+        directory=directory,
+    )
+
+
+def _build_patch(directory: Path, package: str, entry: dict[str, Any]) -> Patch:
+    files = tuple(
+        PatchedFile(
+            path=_inside_package(package, str(item["path"])),
+            sha256_before=str(item["sha256_before"]),
+            sha256_after=str(item["sha256_after"]),
+        )
+        for item in entry["files"]
+    )
+    return Patch(
+        name=str(entry["name"]),
+        purpose=str(entry["purpose"]),
+        files=files,
+        diff_path=directory / str(entry["name"]),
+    )
+
+
+def _build_gate(entry: dict[str, Any]) -> GateReview:
+    disposition = Disposition(str(entry["disposition"]))
+    patch = entry.get("patch")
+    reason = entry.get("reason")
+    if disposition is Disposition.covered and not patch:
+        raise ValueError(f"gate {entry['file']}:{entry['function']} is covered but names no patch")
+    if disposition is not Disposition.covered and not reason:
+        raise ValueError(f"gate {entry['file']}:{entry['function']} needs a reason")
+    return GateReview(
+        file=PurePosixPath(str(entry["file"])),
+        function=str(entry["function"]),
+        text=str(entry["text"]),
+        disposition=disposition,
+        patch=str(patch) if patch else None,
+        reason=str(reason) if reason else None,
+    )
+
+
+def _inside_package(package: str, path: str) -> PurePosixPath:
+    """Refuse any path that could leave the target package (absolute, `..`, other packages)."""
+    candidate = PurePosixPath(path)
+    if candidate.is_absolute() or ".." in candidate.parts or candidate.parts[:1] != (package,):
+        raise ValueError(f"patch target {path!r} lies outside the {package} package")
+    return candidate
