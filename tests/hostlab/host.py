@@ -27,20 +27,41 @@ class TestHost:
     known_hosts_path: Path | None = None
 
 
-def ssh_argv(host: TestHost, *command: str, verify_host_key: bool = True,
-             connect_timeout_s: int = 5) -> list[str]:
+def ssh_argv(
+    host: TestHost, *command: str, verify_host_key: bool = True, connect_timeout_s: int = 5
+) -> list[str]:
     """The system `ssh` argv that runs `command` on `host` (an interactive login if empty).
 
     With `verify_host_key` and a known_hosts file, the host key is checked strictly; otherwise
     it is neither checked nor recorded.
     """
     if verify_host_key and host.known_hosts_path is not None:
-        trust = ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={host.known_hosts_path}"]
+        trust = [
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={host.known_hosts_path}",
+        ]
     else:
         trust = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-    return ["ssh", "-i", str(host.key_path), "-p", str(host.port), "-o", "IdentitiesOnly=yes",
-            "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout_s}", "-o", "LogLevel=ERROR",
-            *trust, f"{host.user}@{host.address}", *command]
+    return [
+        "ssh",
+        "-i",
+        str(host.key_path),
+        "-p",
+        str(host.port),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={connect_timeout_s}",
+        "-o",
+        "LogLevel=ERROR",
+        *trust,
+        f"{host.user}@{host.address}",
+        *command,
+    ]
 
 
 def generate_key(path: Path, comment: str) -> Path:
@@ -50,7 +71,7 @@ def generate_key(path: Path, comment: str) -> Path:
 
 
 def write_known_hosts(path: Path, address: str, port: int, host_public_key: str) -> Path:
-    """Record `host_public_key` ("TYPE BASE64 [comment]") for `address:port` in a known_hosts file."""
+    """Record `host_public_key` ("TYPE BASE64 [comment]") for `address:port` in known_hosts."""
     key_type, key_data = host_public_key.split()[:2]
     pattern = address if port == 22 else f"[{address}]:{port}"
     path.write_text(f"{pattern} {key_type} {key_data}\n")

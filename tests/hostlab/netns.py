@@ -85,7 +85,21 @@ def create_netns() -> tuple[NetNS, Lease]:
         ns.record(lease)
         try:
             run(["ip", "netns", "add", ns.name])
-            run(["ip", "link", "add", ns.host_veth, "type", "veth", "peer", "name", "eth0", "netns", ns.name])
+            run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    ns.host_veth,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    ns.name,
+                ]
+            )
             run(["ip", "addr", "add", f"{ns.host_address}/30", "dev", ns.host_veth])
             run(["ip", "link", "set", ns.host_veth, "up"])
             run(["ip", "-n", ns.name, "addr", "add", f"{ns.guest_address}/30", "dev", "eth0"])
@@ -95,8 +109,10 @@ def create_netns() -> tuple[NetNS, Lease]:
             release(ns, lease)
             raise
         return ns, lease
-    raise HostlabError(f"All {_MAX_INDEX} hostlab namespaces under {STATE_ROOT} are taken; "
-                       "stop other test runs or delete stale ones.")
+    raise HostlabError(
+        f"All {_MAX_INDEX} hostlab namespaces under {STATE_ROOT} are taken; "
+        "stop other test runs or delete stale ones."
+    )
 
 
 def release(ns: NetNS, lease: Lease) -> None:
@@ -104,11 +120,11 @@ def release(ns: NetNS, lease: Lease) -> None:
     for pid, marker in reversed(lease.pids):
         stop_pid(pid, marker)
     if ns.path.exists():
-        for pid in run(["ip", "netns", "pids", ns.name], check=False).stdout.split():
+        for leftover in run(["ip", "netns", "pids", ns.name], check=False).stdout.split():
             # Anything still inside a namespace we made was started through our host.
-            stop_pid(int(pid), "", grace_s=5.0)
+            stop_pid(int(leftover), "", grace_s=5.0)
     for mount in reversed(lease.mounts):
-        if os.path.ismount(mount):
+        if Path(mount).is_mount():
             run(["umount", "--lazy", mount], check=False)
     _delete_netns(ns)
     for directory in reversed(lease.dirs):
@@ -116,7 +132,7 @@ def release(ns: NetNS, lease: Lease) -> None:
 
 
 def _delete_netns(ns: NetNS) -> None:
-    """Remove the veth (if the namespace is gone already, its peer went with it) and the namespace."""
+    """Remove the veth (gone already if its peer's namespace went) and the namespace."""
     run(["ip", "link", "del", ns.host_veth], check=False)
     if ns.path.exists():
         run(["ip", "netns", "del", ns.name])
@@ -140,6 +156,9 @@ def sweep_stale() -> None:
             release(ns, lease)
     for line in run(["ip", "netns", "list"]).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX) and name.removeprefix(PREFIX).isdigit() \
-                and not (STATE_ROOT / name).exists():
+        if (
+            name.startswith(PREFIX)
+            and name.removeprefix(PREFIX).isdigit()
+            and not (STATE_ROOT / name).exists()
+        ):
             _delete_netns(NetNS(name, int(name.removeprefix(PREFIX))))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,17 +15,30 @@ class HostlabError(RuntimeError):
     """A test host could not be built, started, reached or torn down."""
 
 
-def run(argv: Sequence[str | os.PathLike[str]], *, timeout_s: float = 120.0, check: bool = True,
-        input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `argv` and capture its output; with `check`, raise HostlabError carrying stderr's tail."""
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout_s: float = 120.0,
+    check: bool = True,
+    input_text: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `argv`, capturing output; with `check`, raise HostlabError with stderr's tail."""
     try:
-        done = subprocess.run([os.fspath(a) for a in argv], capture_output=True, text=True,
-                              timeout=timeout_s, input=input_text, check=False)
+        done = subprocess.run(
+            [os.fspath(a) for a in argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            input=input_text,
+            check=False,
+        )
     except subprocess.TimeoutExpired as err:
         raise HostlabError(f"{' '.join(map(str, argv))} ran past {timeout_s:.0f} s.") from err
     if check and done.returncode != 0:
-        raise HostlabError(f"{' '.join(map(str, argv))} exited {done.returncode}: "
-                           f"{(done.stderr or done.stdout).strip()[-2000:]}")
+        raise HostlabError(
+            f"{' '.join(map(str, argv))} exited {done.returncode}: "
+            f"{(done.stderr or done.stdout).strip()[-2000:]}"
+        )
     return done
 
 
@@ -40,7 +54,7 @@ def is_alive(pid: int, marker: str) -> bool:
 
 
 def stop_pid(pid: int, marker: str, *, grace_s: float = 10.0) -> None:
-    """SIGTERM `pid` if it is still the process we started, SIGKILL it after `grace_s`; reap it if ours."""
+    """SIGTERM `pid` if it is still the process we started, SIGKILL after `grace_s`; reap it."""
     if not is_alive(pid, marker):
         _reap(pid)
         return
@@ -61,7 +75,5 @@ def stop_pid(pid: int, marker: str, *, grace_s: float = 10.0) -> None:
 
 def _reap(pid: int) -> None:
     """Collect `pid`'s exit status if it is our child, so it does not linger as a zombie."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass

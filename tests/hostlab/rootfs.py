@@ -17,8 +17,17 @@ from pathlib import Path
 from .proc import HostlabError, run
 
 SUITE = "bookworm"
-PACKAGES: tuple[str, ...] = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3",
-                             "python3-venv", "iproute2", "patch", "sudo")
+PACKAGES: tuple[str, ...] = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-venv",
+    "iproute2",
+    "patch",
+    "sudo",
+)
 CACHE_DIR = Path.home() / ".cache" / "ddtree-deploy" / "rootfs"
 APT_SOURCES = Path("/etc/apt")
 _COMPLETE = ".ddtree-rootfs-complete"
@@ -38,8 +47,11 @@ def cached_rootfs() -> Path | None:
 
 def debian_mirror(apt_dir: Path = APT_SOURCES) -> str:
     """The Debian mirror apt uses for `SUITE`, read from one-line and deb822 source files."""
-    files = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list")),
-             *sorted((apt_dir / "sources.list.d").glob("*.sources"))]
+    files = [
+        apt_dir / "sources.list",
+        *sorted((apt_dir / "sources.list.d").glob("*.list")),
+        *sorted((apt_dir / "sources.list.d").glob("*.sources")),
+    ]
     for path in files:
         if not path.is_file():
             continue
@@ -48,7 +60,9 @@ def debian_mirror(apt_dir: Path = APT_SOURCES) -> str:
         for uri, suites in entries:
             if SUITE in suites:
                 return uri
-    raise HostlabError(f"No apt source for Debian {SUITE} under {apt_dir}; debootstrap needs a mirror.")
+    raise HostlabError(
+        f"No apt source for Debian {SUITE} under {apt_dir}; debootstrap needs a mirror."
+    )
 
 
 def _one_line_entries(text: str) -> list[tuple[str, list[str]]]:
@@ -93,8 +107,17 @@ def ensure_rootfs(*, timeout_s: float = 900.0) -> Path:
     build = Path(tempfile.mkdtemp(prefix=f".build-{os.getpid()}-", dir=target.parent))
     try:
         build.chmod(0o755)  # it becomes the containers' `/`; mkdtemp made it 0700
-        run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
-             build, debian_mirror()], timeout_s=timeout_s)
+        run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                build,
+                debian_mirror(),
+            ],
+            timeout_s=timeout_s,
+        )
         (build / _COMPLETE).write_text(f"built {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         try:
             build.rename(target)

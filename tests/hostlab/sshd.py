@@ -34,7 +34,7 @@ class SshdHost:
 
 
 def start_sshd_host(*, timeout_s: float = 20.0) -> SshdHost:
-    """Start sshd in a new namespace with fresh host and client ed25519 keys; wait until it answers."""
+    """Start sshd in a new namespace with fresh ed25519 host and client keys; wait for it."""
     ns, lease = create_netns()
     try:
         return _start(ns, lease, timeout_s)
@@ -44,38 +44,66 @@ def start_sshd_host(*, timeout_s: float = 20.0) -> SshdHost:
 
 
 def _start(ns: NetNS, lease: Lease, timeout_s: float) -> SshdHost:
-    # The state dir is under /run (root-owned, not world-writable), which sshd's StrictModes accepts.
+    # The state dir is under /run (root-owned, not world-writable): sshd's StrictModes accepts it.
     state = ns.state_dir
     host_key = generate_key(state / "ssh_host_ed25519_key", f"hostlab-{ns.name}-host")
     client_key = generate_key(state / "id_ed25519", f"hostlab-{ns.name}-client")
     authorized = state / "authorized_keys"
     authorized.write_text(client_key.with_suffix(".pub").read_text())
     authorized.chmod(0o600)
-    known_hosts = write_known_hosts(state / "known_hosts", ns.guest_address, PORT,
-                                    host_key.with_suffix(".pub").read_text())
+    known_hosts = write_known_hosts(
+        state / "known_hosts", ns.guest_address, PORT, host_key.with_suffix(".pub").read_text()
+    )
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     log = state / "sshd.log"
-    argv = ["ip", "netns", "exec", ns.name, str(SSHD), "-D", "-e", "-f", "/dev/null",
-            "-h", str(host_key), "-p", str(PORT), "-o", f"AuthorizedKeysFile={authorized}",
-            "-o", f"PidFile={state / 'sshd.pid'}"]
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        ns.name,
+        str(SSHD),
+        "-D",
+        "-e",
+        "-f",
+        "/dev/null",
+        "-h",
+        str(host_key),
+        "-p",
+        str(PORT),
+        "-o",
+        f"AuthorizedKeysFile={authorized}",
+        "-o",
+        f"PidFile={state / 'sshd.pid'}",
+    ]
     with log.open("wb") as out:
         # `ip netns exec` execs sshd in place, so this pid is sshd's.
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
     lease.pids.append((proc.pid, str(SSHD)))
     ns.record(lease)
-    host = TestHost(name=ns.name, address=ns.guest_address, port=PORT, user="root",
-                    key_path=client_key, known_hosts_path=known_hosts)
+    host = TestHost(
+        name=ns.name,
+        address=ns.guest_address,
+        port=PORT,
+        user="root",
+        key_path=client_key,
+        known_hosts_path=known_hosts,
+    )
     _wait_for_echo(host, proc, log, timeout_s)
     return SshdHost(host=host, netns=ns, lease=lease)
 
 
-def _wait_for_echo(host: TestHost, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+def _wait_for_echo(
+    host: TestHost, proc: subprocess.Popen[bytes], log: Path, timeout_s: float
+) -> None:
     """Poll until sshd accepts a connection and runs a command, or fail with its log."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise HostlabError(f"sshd for {host.name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+            raise HostlabError(
+                f"sshd for {host.name} exited {proc.returncode}: {log.read_text()[-2000:]}"
+            )
         try:
             socket.create_connection((host.address, host.port), timeout=1).close()
         except OSError:
@@ -84,5 +112,6 @@ def _wait_for_echo(host: TestHost, proc: subprocess.Popen[bytes], log: Path, tim
         if run(ssh_argv(host, "true"), check=False, timeout_s=10).returncode == 0:
             return
         time.sleep(0.2)
-    raise HostlabError(f"sshd for {host.name} did not answer within {timeout_s:.0f} s: "
-                       f"{log.read_text()[-2000:]}")
+    raise HostlabError(
+        f"sshd for {host.name} did not answer within {timeout_s:.0f} s: {log.read_text()[-2000:]}"
+    )
