@@ -1,0 +1,124 @@
+"""The `ddtree-deploy` command: compose the config, run one action, print, exit.
+
+The single error boundary: a `DeployError` prints one red sentence (plus its hint) and exits
+with its code; anything else is a bug and keeps its traceback. Arguments are Hydra overrides
+(`host=ct200 algo=ddtree action=plan`), composed through Hydra's compose API so that every
+composition error can be turned into one sentence.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.report import console, render
+from ddtree_deploy.report.events import JsonLinesSink, emit, sink_installed
+from ddtree_deploy.rollout import actions
+from ddtree_deploy.rollout.actions import ActionOutcome
+
+USAGE = f"""usage: ddtree-deploy [KEY=VALUE ...]
+
+Hydra overrides select what to do and where:
+  host=local|ct129|ct200      the host (default local, the staging host on this machine)
+  algo=dflash|ddtree|ddtree_shadow
+  action={"|".join(ACTIONS)}  (default plan)
+  output=table|json           (action=facts)
+  any config key, e.g. algo.budget=12 gpu=h200 host.address=10.0.0.5
+
+Each run writes events.jsonl under rollout.runs_dir (default ./runs).
+"""
+
+_HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
+    "plan": actions.plan_action,
+    "facts": actions.facts_action,
+    "prepare": actions.prepare_action,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one action; returns the exit code (testable without `sys.exit`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(args):
+        console.stdout.print(USAGE, markup=False)
+        return 0
+    # Library loggers (paramiko's transport thread above all) go to the run's debug.log, never
+    # to the terminal, where they would print tracebacks for expected failures.
+    root_logger = logging.getLogger()
+    root_logger.addHandler(logging.NullHandler())
+    try:
+        cfg = compose_config(args)
+        run_dir = _run_dir(cfg)
+        log_handler = logging.FileHandler(run_dir / "debug.log")
+        log_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
+        )
+        root_logger.addHandler(log_handler)
+        root_logger.setLevel(logging.DEBUG)
+        sink = JsonLinesSink(run_dir / "events.jsonl")
+        try:
+            with sink_installed(sink), sink_installed(_progress):
+                return _run(cfg, args)
+        finally:
+            sink.close()
+            root_logger.removeHandler(log_handler)
+            log_handler.close()
+    except DeployError as err:
+        console.print_error(err)
+        return err.exit_code
+    except KeyboardInterrupt:
+        console.stderr.print("interrupted", style="red")
+        return 130
+
+
+def entrypoint() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+def _run(cfg: DeployConfig, args: list[str]) -> int:
+    emit("run.start", action=cfg.action, host=cfg.host.name, overrides=args)
+    try:
+        outcome = _HANDLERS[cfg.action](cfg)
+    except DeployError as err:
+        emit("run.failed", error=str(err), kind=type(err).__name__)
+        raise
+    _render(cfg, outcome)
+    emit("run.end", exit_code=outcome.exit_code)
+    return outcome.exit_code
+
+
+def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
+    if cfg.action == "facts" and outcome.facts is not None:
+        if cfg.output is Output.json:
+            render.facts_json(outcome.facts)
+        else:
+            render.facts_table(outcome.facts)
+    if outcome.preflight is not None:
+        render.preflight_table(outcome.preflight)
+    if outcome.steps:
+        render.plan_table(cfg.host.name, outcome.steps)
+    if outcome.staging is not None:
+        console.print_line(outcome.staging.reason, style="green")
+
+
+def _progress(record: dict[str, object]) -> None:
+    """Progress lines for long steps (events that carry a `message`)."""
+    message = record.get("message")
+    if isinstance(message, str) and str(record.get("event", "")).startswith("prepare."):
+        console.stderr.print(f"[dim]>[/] {message}", highlight=False)
+
+
+def _run_dir(cfg: DeployConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(cfg.rollout.runs_dir) / f"{stamp}-{cfg.host.name}-{cfg.action}"
+    suffix = 0
+    while path.exists():
+        suffix += 1
+        path = path.with_name(f"{stamp}-{cfg.host.name}-{cfg.action}-{suffix}")
+    path.mkdir(parents=True)
+    return path
