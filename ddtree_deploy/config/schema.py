@@ -111,7 +111,8 @@ class HostConfig:
     gpu_ids: list[int] = field(default_factory=list)  # which of them the service uses
     sglang_venv: str = MISSING  # the venv SGLang runs from; its bin/python is probed
     state_dir: str = "/var/lib/ddtree-deploy"
-    staging: bool = False  # no GPU, no systemd management: later steps run in staging form
+    staging: bool = False  # no GPU: reference-only kernels, GPU checks become notes
+    systemd: bool = True  # the service is installed and managed; false: rendered and linted only
 
 
 @dataclass

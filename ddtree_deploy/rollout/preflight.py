@@ -200,10 +200,10 @@ def _gpu_check(cfg: DeployConfig, facts: HostFacts) -> Check:
 
 def _init_check(cfg: DeployConfig, facts: HostFacts) -> Check:
     actual = "systemd" if facts.systemd_pid1 else "not systemd"
-    if cfg.host.staging:
+    if not cfg.host.systemd:
         return Check(
             "init",
-            "any (staging)",
+            "any (host.systemd=false)",
             actual,
             Verdict.staging,
             "Staging: units are rendered and linted, not installed.",
