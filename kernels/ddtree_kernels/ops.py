@@ -1,0 +1,181 @@
+"""Public DDTree ops: CUDA kernels for CUDA tensors when the extension loads, else the reference.
+
+`backend_for(tensor)` says which path a call takes. A CUDA tensor without the extension runs the
+(slow, pure-torch) reference with a one-time warning, or raises `ExtensionUnavailableError` when
+`DDTREE_KERNELS_REQUIRE_CUDA=1` is set or `require_cuda()` was called. The CUDA path allocates its
+outputs on the current stream and never synchronises with the host, so a whole step (top-k, tree,
+walk, commit) can be captured in one CUDA graph.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import warnings
+
+import torch
+
+from ddtree_kernels import _extension, reference
+from ddtree_kernels.errors import ExtensionUnavailableError
+from ddtree_kernels.reference import custom_mask_numel
+from ddtree_kernels.types import Commit, TopK, Tree, Walk
+
+__all__ = [
+    "Backend",
+    "backend_for",
+    "build_tree",
+    "commit_indices",
+    "custom_mask_numel",
+    "require_cuda",
+    "sample_tokens",
+    "topk_logprobs",
+    "verify_walk",
+]
+
+
+class Backend(enum.Enum):
+    """Which implementation an op call runs."""
+
+    CUDA = "cuda"
+    REFERENCE = "reference"
+
+
+_state = {"required": os.environ.get("DDTREE_KERNELS_REQUIRE_CUDA") == "1", "warned": False}
+
+
+def require_cuda() -> None:
+    """Make CUDA tensors fail loudly instead of falling back; raise now if the extension is out."""
+    _state["required"] = True
+    reason = _extension.load_error()
+    if reason is not None:
+        raise ExtensionUnavailableError(reason)
+
+
+def backend_for(tensor: torch.Tensor) -> Backend:
+    """The path ops take for `tensor`: CUDA kernels, or the torch reference."""
+    if not tensor.is_cuda:
+        return Backend.REFERENCE
+    reason = _extension.load_error()
+    if reason is None:
+        return Backend.CUDA
+    if _state["required"]:
+        raise ExtensionUnavailableError(reason)
+    if not _state["warned"]:
+        warnings.warn(
+            f"ddtree_kernels: running the torch reference on CUDA tensors ({reason})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        _state["warned"] = True
+    return Backend.REFERENCE
+
+
+def topk_logprobs(logits: torch.Tensor, k: int) -> TopK:
+    """Top-k log-probs of each row of `logits` [..., V] (bf16/fp16/fp32); see the reference.
+
+    CUDA: one pass over the logits (k <= 16), last dimension contiguous.
+    """
+    if backend_for(logits) is Backend.REFERENCE:
+        return reference.topk_logprobs(logits, k)
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(f"k={k} must be in [1, vocab={logits.shape[-1]}]")
+    lead, vocab = logits.shape[:-1], logits.shape[-1]
+    rows = logits.reshape(-1, vocab)
+    logp = torch.empty(rows.shape[0], k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(rows.shape[0], k, dtype=torch.int64, device=logits.device)
+    torch.ops.ddtree.topk_logprobs(rows, k, logp, ids)
+    return TopK(logp.view(*lead, k), ids.view(*lead, k))
+
+
+def build_tree(
+    logp: torch.Tensor,
+    ids: torch.Tensor,
+    root_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    budget: int,
+    prefix_lens_sum: int | None = None,
+) -> Tree:
+    """Best-first trees from `logp`/`ids` [B, L, K]; outputs padded to N = budget + 1 nodes.
+
+    `root_tokens` [B] int64 is each request's bonus token, `prefix_lens` [B] (int32/int64) the
+    tokens already in its KV cache. `prefix_lens_sum` (host int, sum of prefix_lens) sizes the flat
+    custom mask; None skips building it. CUDA limits: K <= 16, L <= 32, budget <= 511, and
+    L * ceil(log2 K) + bits(L) <= 64 (K = 16 allows L <= 15).
+    """
+    if backend_for(logp) is Backend.REFERENCE:
+        return reference.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_lens_sum)
+    reference.check_tree_inputs(logp, ids, root_tokens, prefix_lens, budget)
+    batch, n, dev = logp.shape[0], budget + 1, logp.device
+    prefix_lens = prefix_lens.to(torch.int64)
+
+    def index_out() -> torch.Tensor:
+        return torch.empty(batch, n, dtype=torch.int64, device=dev)
+
+    tokens, parents, depths, positions = index_out(), index_out(), index_out(), index_out()
+    next_token, next_sibling, retrieve_index = index_out(), index_out(), index_out()
+    ancestor_mask = torch.empty(batch, n, n, dtype=torch.bool, device=dev)
+    num_nodes = torch.empty(batch, dtype=torch.int64, device=dev)
+    mask_numel = 0 if prefix_lens_sum is None else custom_mask_numel(prefix_lens_sum, batch, budget)
+    custom_mask = torch.empty(mask_numel, dtype=torch.bool, device=dev)
+    torch.ops.ddtree.build_tree(
+        logp.contiguous(), ids.contiguous(), root_tokens.to(torch.int64), prefix_lens, budget,
+        tokens, parents, depths, positions, ancestor_mask, next_token, next_sibling,
+        retrieve_index, num_nodes, custom_mask,
+    )  # fmt: skip
+    return Tree(
+        tokens, parents, depths, positions, ancestor_mask, next_token, next_sibling,
+        retrieve_index, num_nodes, custom_mask,
+    )  # fmt: skip
+
+
+def verify_walk(
+    tokens: torch.Tensor, parents: torch.Tensor, target_tokens: torch.Tensor, max_depth: int
+) -> Walk:
+    """Accepted path per request from the target's token at every node; see the reference.
+
+    `tokens`, `parents` [B, N] from `build_tree`; `target_tokens` [B, N] int64; `max_depth` = L.
+    """
+    if backend_for(tokens) is Backend.REFERENCE:
+        return reference.verify_walk(tokens, parents, target_tokens, max_depth)
+    batch, width, dev = tokens.shape[0], max_depth + 1, tokens.device
+    accept_index = torch.empty(batch, width, dtype=torch.int64, device=dev)
+    accept_tokens = torch.empty_like(accept_index)
+    accept_len = torch.empty(batch, dtype=torch.int64, device=dev)
+    bonus = torch.empty_like(accept_len)
+    torch.ops.ddtree.verify_walk(
+        tokens.contiguous(), parents.contiguous(), target_tokens.contiguous(),
+        accept_index, accept_len, accept_tokens, bonus,
+    )  # fmt: skip
+    return Walk(accept_index, accept_len, accept_tokens, bonus)
+
+
+def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor) -> Commit:
+    """KV source/destination slots and hidden-state rows of the accepted nodes; see reference.
+
+    `cache_loc` [B, N] int64: the KV slot each tree node was written to during verify.
+    """
+    if backend_for(accept_index) is Backend.REFERENCE:
+        return reference.commit_indices(accept_index, cache_loc)
+    src = torch.empty_like(accept_index)
+    dst, hidden_rows = torch.empty_like(src), torch.empty_like(src)
+    torch.ops.ddtree.commit_indices(
+        accept_index.contiguous(), cache_loc.to(torch.int64).contiguous(), src, dst, hidden_rows
+    )
+    return Commit(src, dst, hidden_rows)
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """One target token per row of `logits` [R, V]: argmax at T <= 0, else an inverse-CDF draw.
+
+    `temperatures` and `uniforms` are fp32 [R] (expand a per-request temperature to its rows).
+    Feed the result, viewed as [B, N], to `verify_walk`.
+    """
+    if backend_for(logits) is Backend.REFERENCE:
+        return reference.sample_tokens(logits, temperatures, uniforms)
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    torch.ops.ddtree.sample_tokens(
+        logits, temperatures.float().contiguous(), uniforms.float().contiguous(), out
+    )
+    return out

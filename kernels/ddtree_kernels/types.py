@@ -1,0 +1,51 @@
+"""Result types shared by the reference and the CUDA path (plain named tuples of tensors)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class TopK(NamedTuple):
+    """Top-k of each logits row: `logp` fp32 [..., k], `ids` int64 [..., k], best first."""
+
+    logp: torch.Tensor
+    ids: torch.Tensor
+
+
+class Tree(NamedTuple):
+    """A batch of draft trees, each padded to N = budget + 1 nodes (node 0 is the root).
+
+    All index tensors are int64 and hold node indices local to their request, -1 for none.
+    Padding nodes (index >= num_nodes) have token 0, parent -1, depth 0, position prefix_len,
+    no links, retrieve_index -1 and an ancestor-mask row holding only themselves.
+    """
+
+    tokens: torch.Tensor  # [B, N] int64; tokens[:, 0] is the root (bonus) token
+    parents: torch.Tensor  # [B, N] int64; -1 at the root and on padding
+    depths: torch.Tensor  # [B, N] int64; 0 at the root
+    positions: torch.Tensor  # [B, N] int64; prefix_len + depth
+    ancestor_mask: torch.Tensor  # [B, N, N] bool; row i marks i and its ancestors
+    retrieve_next_token: torch.Tensor  # [B, N] int64; first child (lowest rank)
+    retrieve_next_sibling: torch.Tensor  # [B, N] int64; next child of the same parent
+    retrieve_index: torch.Tensor  # [B, N] int64; b * N + i for real nodes
+    num_nodes: torch.Tensor  # [B] int64; real nodes, root included (<= N)
+    custom_mask: torch.Tensor  # flat bool: per request [N, prefix_len + N], concatenated
+
+
+class Walk(NamedTuple):
+    """Outcome of verifying a batch of trees; A = max_depth + 1 slots per request."""
+
+    accept_index: torch.Tensor  # [B, A] int64; accepted node indices, root first, -1 padded
+    accept_len: torch.Tensor  # [B] int64; accepted nodes including the root (>= 1)
+    accept_tokens: torch.Tensor  # [B, A] int64; tokens committed this step, -1 padded
+    bonus: torch.Tensor  # [B] int64; target token at the last accepted node (next root)
+
+
+class Commit(NamedTuple):
+    """Where the accepted nodes' KV and hidden states go; [B, A] int64, -1 padded."""
+
+    src: torch.Tensor  # cache slot holding the j-th accepted node's KV: cache_loc[b, accept_index]
+    dst: torch.Tensor  # cache slot it belongs in: cache_loc[b, j]
+    hidden_rows: torch.Tensor  # row of the flattened [B * N, H] verify hidden states to keep

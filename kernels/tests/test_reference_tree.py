@@ -1,0 +1,144 @@
+"""Reference tree build against the brute force, hand-checked cases and the chain case."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from brute_force import brute_tree
+from inputs import random_topk, tied_topk
+
+from ddtree_kernels import reference
+from ddtree_kernels.types import Tree
+
+
+def _build(logp: torch.Tensor, ids: torch.Tensor, budget: int, prefix: list[int]) -> Tree:
+    batch = logp.shape[0]
+    roots = torch.arange(batch) + 500
+    prefix_lens = torch.tensor(prefix)
+    return reference.build_tree(logp, ids, roots, prefix_lens, budget, sum(prefix))
+
+
+def _assert_matches_brute(tree: Tree, logp: torch.Tensor, ids: torch.Tensor, budget: int) -> None:
+    n = budget + 1
+    for b in range(logp.shape[0]):
+        want = brute_tree(logp[b], ids[b], 500 + b, budget)
+        real = len(want.tokens)
+        assert int(tree.num_nodes[b]) == real
+        assert tree.tokens[b, :real].tolist() == want.tokens
+        assert tree.parents[b, :real].tolist() == want.parents
+        assert tree.depths[b, :real].tolist() == want.depths
+        for i in range(real):
+            row = tree.ancestor_mask[b, i].nonzero().flatten().tolist()
+            assert set(row) == want.ancestors[i]
+            children = [j for j in range(real) if want.parents[j] == i]
+            first = min(children, key=lambda j: want.ranks[j]) if children else -1
+            assert int(tree.retrieve_next_token[b, i]) == first
+            same_parent = [j for j in range(1, real) if i and want.parents[j] == want.parents[i]]
+            sibs = [j for j in same_parent if want.ranks[j] == want.ranks[i] + 1]
+            assert int(tree.retrieve_next_sibling[b, i]) == (sibs[0] if sibs else -1)
+        pad = slice(real, n)
+        assert (tree.parents[b, pad] == -1).all()
+        assert (tree.retrieve_index[b, pad] == -1).all()
+        assert tree.retrieve_index[b, :real].tolist() == [b * n + i for i in range(real)]
+
+
+@pytest.mark.parametrize(
+    ("max_depth", "k", "budget"),
+    [(3, 3, 10), (4, 2, 7), (1, 4, 3), (1, 4, 9), (5, 1, 3), (3, 2, 20), (2, 3, 12), (4, 3, 30)],
+)
+def test_build_tree_matches_brute_force_on_random_inputs(
+    max_depth: int, k: int, budget: int
+) -> None:
+    logp, ids = random_topk(3, max_depth, k, vocab=50, seed=max_depth * 100 + k * 10 + budget)
+    tree = _build(logp, ids, budget, [3, 0, 11])
+    _assert_matches_brute(tree, logp, ids, budget)
+
+
+@pytest.mark.parametrize(("max_depth", "k", "budget"), [(3, 3, 12), (4, 2, 15), (2, 4, 9)])
+def test_build_tree_matches_brute_force_with_tied_scores(
+    max_depth: int, k: int, budget: int
+) -> None:
+    for seed in range(4):
+        logp, ids = tied_topk(3, max_depth, k, seed)
+        tree = _build(logp, ids, budget, [1, 2, 3])
+        _assert_matches_brute(tree, logp, ids, budget)
+
+
+def test_build_tree_pads_when_budget_exceeds_possible_nodes() -> None:
+    logp, ids = random_topk(2, 2, 2, vocab=10, seed=1)  # 2 + 4 = 6 possible nodes
+    tree = _build(logp, ids, 10, [4, 5])
+    assert tree.num_nodes.tolist() == [7, 7]
+    assert (tree.tokens[:, 7:] == 0).all()
+    assert (tree.depths[:, 7:] == 0).all()
+    assert (tree.positions[:, 7:] == torch.tensor([[4], [5]])).all()
+    assert (tree.retrieve_next_token[:, 7:] == -1).all()
+    eye = torch.eye(11, dtype=torch.bool)
+    assert torch.equal(tree.ancestor_mask[:, 7:], eye[7:].expand(2, 4, 11))
+
+
+def test_build_tree_hand_checked_small_case() -> None:
+    # depth 1: ids 10 (-0.1), 11 (-1.0); depth 2: ids 20 (-0.2), 21 (-0.5)
+    logp = torch.tensor([[[-0.1, -1.0], [-0.2, -0.5]]])
+    ids = torch.tensor([[[10, 11], [20, 21]]])
+    tree = reference.build_tree(logp, ids, torch.tensor([7]), torch.tensor([100]), 4, 100)
+    # pops: (0)=-0.1, (0,0)=-0.3, (0,1)=-0.6, (1)=-1.0; (1,0)=-1.2 is cut by the budget
+    assert tree.tokens.tolist() == [[7, 10, 20, 21, 11]]
+    assert tree.parents.tolist() == [[-1, 0, 1, 1, 0]]
+    assert tree.depths.tolist() == [[0, 1, 2, 2, 1]]
+    assert tree.positions.tolist() == [[100, 101, 102, 102, 101]]
+    assert tree.retrieve_next_token.tolist() == [[1, 2, -1, -1, -1]]
+    assert tree.retrieve_next_sibling.tolist() == [[-1, 4, 3, -1, -1]]
+    assert tree.ancestor_mask.int().tolist() == [
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 0, 0, 1]]
+    ]
+
+
+def test_build_tree_breaks_score_ties_by_smaller_rank_tuple() -> None:
+    # (0,1) and (1,0) both score -1; (0,1) < (1,0) lexicographically, so it is emitted first.
+    logp = torch.tensor([[[0.0, -1.0], [0.0, -1.0]]])
+    ids = torch.tensor([[[10, 11], [20, 21]]])
+    tree = reference.build_tree(logp, ids, torch.tensor([7]), torch.tensor([0]), 4, None)
+    assert tree.tokens.tolist() == [[7, 10, 20, 21, 11]]
+    assert tree.parents.tolist() == [[-1, 0, 1, 1, 0]]
+
+
+def test_build_tree_is_the_argmax_chain_when_k_is_one() -> None:
+    max_depth = 6
+    logits = torch.randn(2, max_depth, 30, generator=torch.Generator().manual_seed(3))
+    topk = reference.topk_logprobs(logits, 1)
+    tree = reference.build_tree(
+        topk.logp, topk.ids, torch.tensor([1, 2]), torch.tensor([9, 4]), max_depth, 13
+    )
+    argmax = logits.argmax(dim=-1)
+    assert torch.equal(tree.tokens[:, 1:], argmax)
+    assert tree.parents.tolist() == [list(range(-1, max_depth))] * 2
+    assert torch.equal(tree.positions, torch.tensor([[9], [4]]) + torch.arange(max_depth + 1))
+    causal = torch.ones(max_depth + 1, max_depth + 1, dtype=torch.bool).tril()
+    assert torch.equal(tree.ancestor_mask, causal.expand(2, -1, -1))
+    assert tree.retrieve_next_token[:, :-1].tolist() == [list(range(1, max_depth + 1))] * 2
+    assert (tree.retrieve_next_sibling == -1).all()
+
+
+def test_build_tree_custom_mask_is_prefix_ones_then_ancestor_mask_per_request() -> None:
+    logp, ids = random_topk(3, 3, 2, vocab=20, seed=5)
+    prefix = [2, 0, 5]
+    tree = _build(logp, ids, 6, prefix)
+    blocks = []
+    for b, p in enumerate(prefix):
+        rows = []
+        for i in range(7):
+            rows.extend([True] * p + tree.ancestor_mask[b, i].tolist())
+        blocks.extend(rows)
+    assert tree.custom_mask.tolist() == blocks
+
+
+def test_build_tree_skips_custom_mask_without_prefix_sum() -> None:
+    logp, ids = random_topk(1, 2, 2, vocab=20, seed=6)
+    tree = reference.build_tree(logp, ids, torch.tensor([1]), torch.tensor([3]), 3, None)
+    assert tree.custom_mask.numel() == 0
+
+
+def test_build_tree_rejects_bad_dtypes() -> None:
+    logp, ids = random_topk(1, 2, 2, vocab=20, seed=6)
+    with pytest.raises(ValueError, match="float32"):
+        reference.build_tree(logp.double(), ids, torch.tensor([1]), torch.tensor([3]), 3)

@@ -1,0 +1,103 @@
+"""Reference verify walk, commit indices and target sampling."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from brute_force import linear_acceptance
+from inputs import random_topk
+
+from ddtree_kernels import reference
+
+
+def _hand_tree() -> reference.Tree:
+    # root 7 -> {10 (node 1) -> {20 (node 2), 21 (node 3)}, 11 (node 4)}
+    logp = torch.tensor([[[-0.1, -1.0], [-0.2, -0.5]]])
+    ids = torch.tensor([[[10, 11], [20, 21]]])
+    return reference.build_tree(logp, ids, torch.tensor([7]), torch.tensor([0]), 4)
+
+
+def test_verify_walk_hand_checked_tree() -> None:
+    tree = _hand_tree()
+    # target after root says 10 -> node 1; after node 1 says 21 -> node 3; after node 3 says 99.
+    target = torch.tensor([[10, 21, 5, 99, 6]])
+    walk = reference.verify_walk(tree.tokens, tree.parents, target, max_depth=2)
+    assert walk.accept_index.tolist() == [[0, 1, 3]]
+    assert walk.accept_len.tolist() == [3]
+    assert walk.accept_tokens.tolist() == [[10, 21, 99]]
+    assert walk.bonus.tolist() == [99]
+
+
+def test_verify_walk_accepts_only_root_when_no_child_matches() -> None:
+    tree = _hand_tree()
+    target = torch.tensor([[12, 21, 5, 99, 6]])
+    walk = reference.verify_walk(tree.tokens, tree.parents, target, max_depth=2)
+    assert walk.accept_index.tolist() == [[0, -1, -1]]
+    assert walk.accept_len.tolist() == [1]
+    assert walk.accept_tokens.tolist() == [[12, -1, -1]]
+    assert walk.bonus.tolist() == [12]
+
+
+def test_verify_walk_equals_linear_acceptance_for_the_chain() -> None:
+    max_depth, batch = 8, 16
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(batch, max_depth, 12, generator=gen)
+    topk = reference.topk_logprobs(logits, 1)
+    roots = torch.randint(0, 12, (batch,), generator=gen)
+    tree = reference.build_tree(topk.logp, topk.ids, roots, torch.zeros(batch), max_depth)
+    draft = tree.tokens[:, 1:]
+    # Target agrees with the draft for a random number of positions, then diverges.
+    agree = torch.randint(0, max_depth + 1, (batch,), generator=gen)
+    target = torch.randint(0, 12, (batch, max_depth + 1), generator=gen)
+    for b in range(batch):
+        target[b, : agree[b]] = draft[b, : agree[b]]
+    walk = reference.verify_walk(tree.tokens, tree.parents, target, max_depth)
+    for b in range(batch):
+        accepted = linear_acceptance(draft[b].tolist(), target[b].tolist())
+        assert int(walk.accept_len[b]) == accepted + 1
+        assert walk.accept_index[b, : accepted + 1].tolist() == list(range(accepted + 1))
+        assert int(walk.bonus[b]) == int(target[b, accepted])
+
+
+def test_verify_walk_follows_target_tokens_on_random_trees() -> None:
+    logp, ids = random_topk(8, 4, 3, vocab=6, seed=9)  # small vocab: many matches
+    tree = reference.build_tree(logp, ids, torch.zeros(8, dtype=torch.long), torch.zeros(8), 20)
+    target = torch.randint(0, 6, (8, 21), generator=torch.Generator().manual_seed(2))
+    walk = reference.verify_walk(tree.tokens, tree.parents, target, 4)
+    for b in range(8):
+        path = walk.accept_index[b, : walk.accept_len[b]].tolist()
+        for prev, node in itertools.pairwise(path):
+            assert int(tree.parents[b, node]) == prev
+            assert int(tree.tokens[b, node]) == int(target[b, prev])
+        last = path[-1]
+        children = (tree.parents[b] == last).nonzero().flatten().tolist()
+        assert all(int(tree.tokens[b, c]) != int(walk.bonus[b]) for c in children)
+        assert int(walk.bonus[b]) == int(target[b, last])
+
+
+def test_commit_indices_moves_accepted_kv_to_consecutive_slots() -> None:
+    accept_index = torch.tensor([[0, 2, 5, -1], [0, -1, -1, -1]])
+    cache_loc = torch.arange(12).view(2, 6) * 2 + 100  # ascending slots per request
+    commit = reference.commit_indices(accept_index, cache_loc)
+    assert commit.src.tolist() == [[100, 104, 110, -1], [112, -1, -1, -1]]
+    assert commit.dst.tolist() == [[100, 102, 104, -1], [112, -1, -1, -1]]
+    assert commit.hidden_rows.tolist() == [[0, 2, 5, -1], [6, -1, -1, -1]]
+    kept = commit.src >= 0
+    assert (commit.dst[kept] <= commit.src[kept]).all()
+
+
+def test_sample_tokens_is_argmax_with_ties_to_smaller_id_at_zero_temperature() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 1.0, 2.0, 5.0]])
+    got = reference.sample_tokens(logits, torch.zeros(2), torch.tensor([0.3, 0.9]))
+    assert got.tolist() == [1, 0]
+
+
+def test_sample_tokens_inverts_the_softmax_cdf() -> None:
+    logits = torch.tensor([0.0, 1.0, -2.0, 0.5, -30.0])
+    probs = torch.softmax(logits / 0.7, dim=-1)
+    draws = 20000
+    u = (torch.arange(draws) + 0.5) / draws  # evenly spaced: counts are exact up to rounding
+    got = reference.sample_tokens(logits.expand(draws, -1), torch.full((draws,), 0.7), u)
+    freq = torch.bincount(got, minlength=5).float() / draws
+    torch.testing.assert_close(freq, probs, atol=2 / draws, rtol=0)
