@@ -74,6 +74,8 @@ def _start(ns: NetNS, lease: Lease, timeout_s: float) -> SshdHost:
         f"AuthorizedKeysFile={authorized}",
         "-o",
         f"PidFile={state / 'sshd.pid'}",
+        "-o",  # a stock sshd_config serves SFTP; the product uploads files through it
+        "Subsystem=sftp internal-sftp",
     ]
     with log.open("wb") as out:
         # `ip netns exec` execs sshd in place, so this pid is sshd's.

@@ -1,0 +1,74 @@
+"""Every config group composes through Hydra's compose API into a typed DeployConfig."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_deploy.config import Algo, DeployConfig, Transport, TreeMode, compose_config
+
+HOSTS = ("local", "ct129", "ct200")
+ALGOS = ("dflash", "ddtree", "ddtree_shadow")
+
+
+def _compose(*overrides: str) -> DeployConfig:
+    return compose_config(list(overrides))
+
+
+def test_compose_default_is_local_staging_host_with_ddtree() -> None:
+    cfg = _compose()
+    assert cfg.host.name == "local"
+    assert cfg.host.transport is Transport.local
+    assert cfg.host.staging and not cfg.host.systemd
+    assert cfg.gpu.name == "none"
+    assert cfg.algo.name is Algo.DDTREE
+    assert cfg.action == "plan"
+
+
+@pytest.mark.parametrize("host", HOSTS)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_compose_every_host_and_algo(host: str, algo: str) -> None:
+    overrides = [f"host={host}", f"algo={algo}"]
+    if host != "local" and algo == "ddtree":  # CT hosts serve the hybrid Qwen3.6-27B
+        overrides.append("algo.allow_hybrid_unsafe=true")
+    cfg = _compose(*overrides)
+    assert cfg.host.name == host
+    assert cfg.algo.block_size == cfg.model.draft_block_size == 16
+    assert cfg.algo.name is (Algo.DFLASH if algo == "dflash" else Algo.DDTREE)
+
+
+@pytest.mark.parametrize(
+    ("host", "cuda"),
+    [("ct129", "13.0"), ("ct200", "12.8")],
+)
+def test_compose_ct_hosts_pull_in_their_gpu_abi_and_model(host: str, cuda: str) -> None:
+    cfg = _compose(f"host={host}", "algo=ddtree_shadow")
+    assert (cfg.abi.torch, cfg.abi.cuda, cfg.abi.python) == ("2.11.0", cuda, "3.12")
+    assert cfg.gpu.arch == "sm_120" and cfg.gpu.memory_gb == 96
+    assert cfg.host.gpu_count == 8 and list(cfg.host.gpu_ids) == list(range(8))
+    assert cfg.model.name == "qwen36_27b" and cfg.model.hybrid
+    assert cfg.sglang.version == "0.5.11"
+
+
+def test_compose_group_override_replaces_host_default() -> None:
+    cfg = _compose("host=ct200", "algo=ddtree_shadow", "gpu=h200", "sglang=v0_5_23")
+    assert (cfg.gpu.arch, cfg.gpu.memory_gb) == ("sm_90", 141)
+    assert cfg.sglang.version == "0.5.23"
+    assert any(r.startswith("transformers==5.19") for r in cfg.sglang.staging_requirements)
+
+
+def test_compose_shadow_algo_is_the_chain() -> None:
+    cfg = _compose("algo=ddtree_shadow")
+    assert cfg.algo.mode is TreeMode.shadow_linear
+    assert (cfg.algo.topk, cfg.algo.budget) == (1, cfg.algo.block_size - 1)
+
+
+def test_compose_pure_attention_model_allows_tree_mode() -> None:
+    cfg = _compose("host=ct200", "model=qwen3_8b", "algo=ddtree")
+    assert not cfg.model.hybrid and cfg.algo.mode is TreeMode.tree
+
+
+def test_compose_local_paths_follow_ddtree_deploy_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDTREE_DEPLOY_HOME", "/srv/ddt")
+    cfg = _compose("sglang=v0_5_23")
+    assert cfg.host.sglang_venv == "/srv/ddt/local/sglang-0.5.23"
+    assert cfg.host.state_dir == "/srv/ddt/local/state"
