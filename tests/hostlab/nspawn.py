@@ -70,10 +70,10 @@ def boot_container(rootfs: Path, *, timeout_s: float = 120.0) -> Container:
 
 def _boot(rootfs: Path, ns: NetNS, lease: Lease, timeout_s: float) -> Container:
     work = WORK_ROOT / ns.name
+    lease.dirs.append(str(work))  # journal intent first, so a sweep after a crash removes it
+    ns.record(lease)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    lease.dirs.append(str(work))
-    ns.record(lease)
     root = _make_root(rootfs, work, ns, lease)
 
     client_key = generate_key(ns.state_dir / "id_ed25519", f"hostlab-{ns.name}-client")
@@ -128,14 +128,16 @@ def _make_root(rootfs: Path, work: Path, ns: NetNS, lease: Lease) -> Path:
     for sub in ("upper", "work", "root"):
         (work / sub).mkdir()
     options = f"lowerdir={rootfs},upperdir={work / 'upper'},workdir={work / 'work'}"
-    if (
-        run(["mount", "-t", "overlay", "overlay", "-o", options, merged], check=False).returncode
-        == 0
-    ):
-        lease.mounts.append(str(merged))
-        ns.record(lease)
+    lease.mounts.append(str(merged))  # journaled before mounting: release unmounts only mounts
+    ns.record(lease)
+    mounted = run(["mount", "-t", "overlay", "overlay", "-o", options, merged], check=False)
+    if mounted.returncode == 0:
         return merged
-    log.info("overlayfs unavailable for %s; copying the rootfs instead", ns.name)
+    lease.mounts.remove(str(merged))
+    ns.record(lease)
+    log.info(
+        "overlayfs unavailable for %s (%s); copying the rootfs", ns.name, mounted.stderr.strip()
+    )
     merged.rmdir()
     run(["cp", "-a", "--reflink=auto", rootfs, merged], timeout_s=600)
     return merged
