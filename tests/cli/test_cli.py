@@ -1,0 +1,56 @@
+"""The command as users run it: exit codes, one-sentence errors, run events, installed script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.cli import main
+
+SCRIPT = shutil.which("ddtree-deploy", path=str(Path(sys.executable).parent))
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    assert SCRIPT, "the ddtree-deploy console script is not installed next to this python"
+    return subprocess.run([SCRIPT, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_main_bad_option_prints_one_sentence_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["algo=nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: Unknown algo 'nope'; choose one of: ddtree, ddtree_shadow, dflash."
+
+
+def test_main_help_lists_actions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert "action=plan|facts|prepare" in capsys.readouterr().out
+
+
+def test_installed_script_unreachable_host_is_one_line_without_traceback(tmp_path: Path) -> None:
+    done = run_cli("host=ct200", "algo=ddtree_shadow", "host.address=127.0.0.1", "host.port=1", "host.connect_timeout_s=2", cwd=tmp_path)
+    assert done.returncode == 3
+    assert "Traceback" not in done.stderr + done.stdout
+    assert done.stderr.startswith("error: Cannot reach ct200 at root@127.0.0.1:1 over SSH")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_installed_script_facts_json_and_run_events(tmp_path: Path) -> None:
+    done = run_cli("action=facts", "output=json", f"host.sglang_venv={sys.prefix}", f"rollout.runs_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts["python_version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}.")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events == ["run.start", "facts", "run.end"]
+
+
+def test_installed_script_plan_refuses_cuda_mismatch(tmp_path: Path) -> None:
+    """This venv's torch is a cu130 build: a config that says cu128 must be refused."""
+    done = run_cli(f"host.sglang_venv={sys.prefix}", "abi.cuda=12.8", f"rollout.runs_dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 4
+    assert "ABI mismatch on local: the config says torch" in done.stdout
