@@ -33,13 +33,14 @@ def facts_json(facts: HostFacts) -> None:
 
 
 def preflight_table(report: PreflightReport) -> None:
-    rows = [(c.name, c.expected, c.actual, c.verdict.value, c.sentence) for c in report.checks]
+    rows = [(c.name, c.expected, c.actual, c.verdict.value) for c in report.checks]
     console.print_table(
-        f"preflight: {report.host}", ("check", "expected", "actual", "verdict", "note"), rows
+        f"preflight: {report.host}", ("check", "expected", "actual", "verdict"), rows
     )
     for check in report.checks:
-        if check.verdict is Verdict.mismatch:
-            console.print_line(check.sentence, style=_VERDICT_STYLE[check.verdict])
+        if check.sentence:
+            style = _VERDICT_STYLE[check.verdict]
+            console.print_line(f"{check.name}: {check.sentence}", style=style)
 
 
 def plan_table(host: str, steps: list[PlannedStep]) -> None:
