@@ -38,8 +38,8 @@ def _extensions() -> tuple[list[object], dict[str, object]]:
         name="ddtree_kernels._C",
         sources=SOURCES,
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++17"],
-            "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"],
+            "cxx": ["-O3"],
+            "nvcc": ["-O3", "--expt-relaxed-constexpr", "-lineinfo"],
         },
         py_limited_api=False,
     )
