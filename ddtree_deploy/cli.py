@@ -37,6 +37,10 @@ _HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
     "plan": actions.plan_action,
     "facts": actions.facts_action,
     "prepare": actions.prepare_action,
+    "render": actions.render_action,
+    "deploy": actions.deploy_action,
+    "rollback": actions.rollback_action,
+    "status": actions.status_action,
 }
 
 
@@ -104,6 +108,16 @@ def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
         render.plan_table(cfg.host.name, outcome.steps)
     if outcome.staging is not None:
         console.print_line(outcome.staging.reason, style="green")
+    if outcome.rendered is not None:
+        render.service_files(outcome.rendered)
+    if outcome.lint is not None:
+        render.lint_result(outcome.lint)
+    if outcome.results:
+        render.results_table(f"{cfg.action}: {cfg.host.name}", outcome.results)
+    if outcome.status is not None:
+        render.status_table(outcome.status)
+    if outcome.summary is not None:
+        console.print_line(outcome.summary, style="green")
 
 
 def _progress(record: dict[str, object]) -> None:

@@ -117,12 +117,31 @@ class HostConfig:
 
 @dataclass
 class ServiceConfig:
-    """The systemd service that runs SGLang."""
+    """The systemd service that runs SGLang (rendered from templates/sglang.*.j2)."""
 
     unit_name: str = "sglang"
     port: int = 30000
+    listen_host: str = "127.0.0.1"  # SGLang's --host
     mem_fraction_static: float = 0.85
     tp_size: int = 8
+    # The module `python -m` runs from the host's SGLang venv; tests point it at a stand-in.
+    launch_module: str = "sglang.launch_server"
+    extra_args: list[str] = field(default_factory=list)  # appended to ExecStart, each quoted
+    environment: dict[str, str] = field(default_factory=dict)  # extra env-file entries
+    user: str = "root"
+    unit_dir: str = "/etc/systemd/system"
+    env_dir: str = "/etc/ddtree-deploy"  # the 0600 environment file lives here
+    # The server's API key, read on the control machine: an env var name, or a file path.
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    start_timeout_s: int = 1800  # TimeoutStartSec: loading a 27B model and its draft
+    stop_timeout_s: int = 120
+    restart_delay_s: int = 10  # RestartSec
+    limit_nofile: int = 1048576
+    active_wait_s: float = 600.0  # how long deploy waits for the unit to become active
+    settle_s: float = 10.0  # active with the same main PID this long counts as started
+    journal_lines: int = 30  # journal lines reported when the unit fails to start
+    max_exposure: float = 6.0  # `systemd-analyze security` exposure must stay at or below
 
 
 @dataclass
@@ -138,9 +157,20 @@ class RolloutConfig:
     """How a rollout proceeds and where the run's files go."""
 
     runs_dir: str = "runs"
+    # A deploy that fails after it changed the host rolls back to the previous generation.
+    rollback_on_failure: bool = True
 
 
-ACTIONS = ("plan", "facts", "prepare")
+@dataclass
+class RollbackConfig:
+    """What `action=rollback` (and an automatic rollback) restores."""
+
+    # Also restore pristine SGLang files through the patch engine; by default the patches stay,
+    # since linear DFLASH behaves as before under them.
+    revert_patches: bool = False
+
+
+ACTIONS = ("plan", "facts", "prepare", "render", "deploy", "rollback", "status")
 
 
 @dataclass
@@ -156,6 +186,7 @@ class DeployConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollback: RollbackConfig = field(default_factory=RollbackConfig)
     action: str = "plan"
     output: Output = Output.table
 

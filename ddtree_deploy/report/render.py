@@ -8,6 +8,9 @@ from ddtree_deploy.hosts.facts import HostFacts
 from ddtree_deploy.report import console
 from ddtree_deploy.rollout.actions import PlannedStep
 from ddtree_deploy.rollout.preflight import PreflightReport, Verdict
+from ddtree_deploy.rollout.status import HostStatus
+from ddtree_deploy.service.lint import LintReport
+from ddtree_deploy.service.render import RenderedService
 
 _VERDICT_STYLE = {Verdict.ok: "green", Verdict.mismatch: "red", Verdict.staging: "yellow"}
 
@@ -46,3 +49,40 @@ def preflight_table(report: PreflightReport) -> None:
 def plan_table(host: str, steps: list[PlannedStep]) -> None:
     rows = [(s.name, s.status, s.detail) for s in steps]
     console.print_table(f"plan: {host}", ("step", "status", "what it would do"), rows)
+
+
+def service_files(rendered: RenderedService) -> None:
+    """The unit and the env file as rendered; the env file with its secret masked."""
+    console.print_line(f"# {rendered.unit_path}", style="bold")
+    # soft_wrap: a unit line must stay one line, whatever the terminal width.
+    console.stdout.print(rendered.unit_text.rstrip(), markup=False, soft_wrap=True)
+    console.print_line(f"# {rendered.env_path} (mode 0600)", style="bold")
+    console.stdout.print(rendered.env_masked.rstrip(), markup=False, soft_wrap=True)
+
+
+def lint_result(lint: LintReport) -> None:
+    console.print_line(f"lint {lint.unit}: {lint.summary()}", style="green" if lint.ok else "red")
+    for finding in lint.verify_findings:
+        console.print_line(f"  {finding}", style="red")
+
+
+def results_table(title: str, results: list[PlannedStep]) -> None:
+    rows = [(s.name, s.status, s.detail) for s in results]
+    console.print_table(title, ("step", "result", "detail"), rows)
+
+
+def status_table(status: HostStatus) -> None:
+    generation = "none" if status.generation is None else str(status.generation)
+    rows = [
+        ("generation", generation),
+        ("lineage", " -> ".join(str(g) for g in status.lineage) or "-"),
+        ("algorithm", f"{status.algo} ({status.summary})"),
+        ("unit", f"{status.unit}: {status.unit_state}, {status.enabled}"),
+        (
+            "interrupted run",
+            "none" if status.interrupted is None else f"generation {status.interrupted}",
+        ),
+        ("pending restart", ", ".join(status.pending_restart) or "no"),
+        ("drift", "; ".join(status.drift) or "none"),
+    ]
+    console.print_table(f"status: {status.host}", ("what", "value"), rows)

@@ -16,7 +16,14 @@ from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.hosts.staging import StagingResult, prepare_staging_venv
 from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
 from ddtree_deploy.report.events import emit
+from ddtree_deploy.rollout.pipeline import deploy, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
+from ddtree_deploy.rollout.rollback import rollback
+from ddtree_deploy.rollout.status import HostStatus, host_status
+from ddtree_deploy.rollout.steps import check_steps
+from ddtree_deploy.service.lint import LintReport, lint_unit
+from ddtree_deploy.service.render import RenderedService, render_service
+from ddtree_deploy.service.secret import load_api_key
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,11 @@ class ActionOutcome:
     preflight: PreflightReport | None = None
     steps: list[PlannedStep] = field(default_factory=list)
     staging: StagingResult | None = None
+    rendered: RenderedService | None = None  # action=render (secrets only in env_text)
+    lint: LintReport | None = None
+    results: list[PlannedStep] = field(default_factory=list)  # what deploy/rollback did
+    summary: str | None = None  # one recap line
+    status: HostStatus | None = None
 
 
 def gather_facts(cfg: DeployConfig) -> HostFacts:
@@ -56,10 +68,64 @@ def plan_action(cfg: DeployConfig) -> ActionOutcome:
     facts = gather_facts(cfg)
     report = run_preflight(cfg, facts)
     emit("preflight", refusals=report.refusals)
-    steps = [_patch_step_plan(cfg, facts)]
+    steps = [_patch_step_plan(cfg, facts), *_service_step_plans(cfg)]
     return ActionOutcome(
         exit_code=0 if not report.refusals else 4, facts=facts, preflight=report, steps=steps
     )
+
+
+def render_action(cfg: DeployConfig) -> ActionOutcome:
+    """Render the unit and env file for this config and lint them; touches no host."""
+    rendered = render_service(cfg, load_api_key(cfg.service))
+    lint = lint_unit(rendered, cfg.service.max_exposure)
+    emit("service.lint", unit=lint.unit, ok=lint.ok, summary=lint.summary())
+    return ActionOutcome(exit_code=0 if lint.ok else 6, rendered=rendered, lint=lint)
+
+
+def deploy_action(cfg: DeployConfig) -> ActionOutcome:
+    """Run the deploy pipeline on the configured host."""
+    with connect(cfg.host) as host:
+        outcome = deploy(cfg, host)
+    results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
+    where = f"generation {outcome.generation}" if outcome.generation else "no generation"
+    return ActionOutcome(
+        preflight=outcome.preflight,
+        lint=outcome.lint,
+        results=results,
+        summary=f"{cfg.host.name}: {outcome.changed} step(s) changed; {where} is current.",
+    )
+
+
+def rollback_action(cfg: DeployConfig) -> ActionOutcome:
+    """Return the configured host to its previous generation."""
+    with connect(cfg.host) as host:
+        outcome = rollback(cfg, host)
+    results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
+    came_from = f" from generation {outcome.from_generation}" if outcome.from_generation else ""
+    return ActionOutcome(
+        results=results,
+        summary=(
+            f"{cfg.host.name}: rolled back{came_from} to generation {outcome.to_generation} "
+            f"({outcome.summary}); the unit is {outcome.unit_state}."
+        ),
+    )
+
+
+def status_action(cfg: DeployConfig) -> ActionOutcome:
+    """Report the host's generation, algorithm, unit state and drift."""
+    with connect(cfg.host) as host:
+        status = host_status(cfg, host)
+    return ActionOutcome(exit_code=1 if status.drift else 0, status=status)
+
+
+def _service_step_plans(cfg: DeployConfig) -> list[PlannedStep]:
+    if not cfg.host.systemd:
+        return [PlannedStep("unit", "staging", "rendered and linted only (host.systemd=false)")]
+    with connect(cfg.host) as host:
+        prepared = prepare(cfg, host, load_api_key(cfg.service))
+        plans = check_steps(prepared.steps, host)
+    rows = [PlannedStep("lint", "ok" if prepared.lint.ok else "failed", prepared.lint.summary())]
+    return rows + [PlannedStep(step.name, plan.status.value, plan.reason) for step, plan in plans]
 
 
 def prepare_action(cfg: DeployConfig) -> ActionOutcome:

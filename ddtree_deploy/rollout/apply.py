@@ -1,0 +1,32 @@
+"""Apply a list of steps inside one generation: the loop deploy and rollback share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.report.events import emit
+from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.killpoints import boundary
+from ddtree_deploy.rollout.steps import PlanStatus, Step, StepReport
+
+
+def apply_steps(
+    steps: Sequence[Step], host: ShellHost, generations: GenerationStore, number: int
+) -> list[StepReport]:
+    """Apply each step that differs; a restart owed by a step is persisted before it runs."""
+    reports = []
+    for step in steps:
+        plan = step.check(host)
+        if plan.status is PlanStatus.OK:
+            reports.append(StepReport(step.name, "ok", plan.reason))
+            continue
+        if step.restarts_service:
+            generations.owe_restart(number, step.name)
+            boundary(f"{step.name}.owed")
+        generations.journal("step.apply", generation=number, step=step.name, reason=plan.reason)
+        result = step.apply(host)
+        emit("step.result", step=step.name, status=result.status.value, detail=result.detail)
+        reports.append(StepReport(step.name, result.status.value, result.detail))
+        boundary(f"{step.name}.done")
+    return reports

@@ -1,0 +1,206 @@
+"""Generations: what each deploy or rollback installed, what it replaced, and what is live now.
+
+Built on `hosts.state.HostStateStore`. `state.json` holds the current generation, the lineage
+(committed generations whose content is live, oldest first; rollback pops it), the config hash,
+the algorithm, unit/env hashes, patch/kernel records, `pending_restart` and `in_progress`.
+`generations/N/` holds `meta.json`, the unit and env file N installs (`unit`, `env`, 0600), and
+`replaced/` (the unit and env bytes that were on the host before N, or their absence). Every
+change is announced in `journal.jsonl` before it happens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.hosts.state import HostStateStore
+from ddtree_deploy.service.render import sha256_text
+
+STATE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ServiceFiles:
+    """The unit and env file of one generation (None: the file was absent)."""
+
+    unit_path: str
+    unit_text: str | None
+    env_path: str
+    env_text: str | None
+
+
+@dataclass(frozen=True)
+class GenerationMeta:
+    """`generations/N/meta.json`: what generation N is."""
+
+    number: int
+    kind: str  # deploy | rollback
+    algo: str  # "DFLASH" | "DDTREE"
+    summary: str  # "DDTREE tree, budget 15, topk 4"
+    config_hash: str
+    unit_sha256: str
+    env_sha256: str
+    created: float
+
+
+def config_hash(cfg: DeployConfig) -> str:
+    """Hash of everything that decides what a host runs (not run-time knobs like runs_dir)."""
+    subset = {
+        "host": asdict(cfg.host),
+        "model": asdict(cfg.model),
+        "algo": asdict(cfg.algo),
+        "sglang": asdict(cfg.sglang),
+        "service": asdict(cfg.service),
+    }
+    return hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class GenerationStore:
+    """The generation records of one host, read and written through its connection."""
+
+    def __init__(self, host: ShellHost, state_dir: PurePosixPath) -> None:
+        self.host = host
+        self.store = HostStateStore(host, state_dir, sudo=True)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        state = self.store.load()
+        state.setdefault("format", STATE_FORMAT)
+        state.setdefault("generation", None)
+        state.setdefault("lineage", [])
+        state.setdefault("last_generation", 0)
+        state.setdefault("pending_restart", None)
+        state.setdefault("in_progress", None)
+        return state
+
+    def meta(self, number: int) -> GenerationMeta | None:
+        text = self.host.read_text(self._dir(number) / "meta.json", sudo=True)
+        return GenerationMeta(**json.loads(text)) if text else None
+
+    def files(self, number: int) -> ServiceFiles:
+        """The unit and env file generation `number` installed."""
+        return self._read_files(self._dir(number), "unit", "env")
+
+    def replaced(self, number: int) -> ServiceFiles:
+        """The unit and env file that were on the host before generation `number`."""
+        return self._read_files(self._dir(number) / "replaced", "unit", "env")
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def begin(
+        self, kind: str, files: ServiceFiles, *, algo: str, summary: str, config_hash: str
+    ) -> int:
+        """Record a new generation (or take over an interrupted one) before the host changes.
+
+        An interrupted generation keeps its number and its `replaced/` backups, which hold the
+        host as it was before that generation, not as the killed run left it.
+        """
+        state = self.state()
+        interrupted = state["in_progress"]
+        number = int(interrupted["generation"]) if interrupted else state["last_generation"] + 1
+        self.store.journal(
+            "generation.begin", generation=number, kind=kind, resumed=bool(interrupted)
+        )
+        gen_dir = self._dir(number)
+        if not interrupted:
+            self._backup_host_files(gen_dir / "replaced", files)
+        self._write_files(gen_dir, files)
+        meta = GenerationMeta(
+            number=number,
+            kind=kind,
+            algo=algo,
+            summary=summary,
+            config_hash=config_hash,
+            unit_sha256=sha256_text(files.unit_text or ""),
+            env_sha256=sha256_text(files.env_text or ""),
+            created=round(time.time(), 3),
+        )
+        self.host.write_atomic(
+            gen_dir / "meta.json",
+            json.dumps(asdict(meta), indent=2) + "\n",
+            mode=0o600,
+            sudo=True,
+        )
+        state["in_progress"] = {"generation": number, "kind": kind}
+        state["last_generation"] = max(state["last_generation"], number)
+        self.store.save(state)
+        return number
+
+    def owe_restart(self, number: int, reason: str) -> None:
+        """Persist that the service needs a restart, before the change that makes it so."""
+        state = self.state()
+        owed = state["pending_restart"] or {"generation": number, "reasons": []}
+        if reason not in owed["reasons"]:
+            owed["reasons"].append(reason)
+        owed["generation"] = number
+        self.store.journal("restart.owed", generation=number, reason=reason)
+        state["pending_restart"] = owed
+        self.store.save(state)
+
+    def restart_done(self) -> None:
+        state = self.state()
+        self.store.journal("restart.done", owed=state["pending_restart"])
+        state["pending_restart"] = None
+        self.store.save(state)
+
+    def commit(self, number: int, lineage: list[int]) -> None:
+        """Make generation `number` current with the given live lineage (its top is `number`)."""
+        meta = self.meta(number)
+        assert meta is not None, "begin() wrote meta.json"
+        state = self.state()
+        state.update(
+            generation=number,
+            lineage=lineage,
+            in_progress=None,
+            config_hash=meta.config_hash,
+            algo=meta.algo,
+            summary=meta.summary,
+            unit_sha256=meta.unit_sha256,
+            env_sha256=meta.env_sha256,
+        )
+        self.store.journal("generation.commit", generation=number, lineage=lineage)
+        self.store.save(state)
+
+    def journal(self, event: str, **fields: Any) -> None:
+        self.store.journal(event, **fields)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _dir(self, number: int) -> PurePosixPath:
+        return self.store.root / "generations" / str(number)
+
+    def _backup_host_files(self, where: PurePosixPath, files: ServiceFiles) -> None:
+        current = ServiceFiles(
+            files.unit_path,
+            self.host.read_text(PurePosixPath(files.unit_path), sudo=True),
+            files.env_path,
+            self.host.read_text(PurePosixPath(files.env_path), sudo=True),
+        )
+        self._write_files(where, current)
+
+    def _write_files(self, where: PurePosixPath, files: ServiceFiles) -> None:
+        paths = {"unit": files.unit_path, "env": files.env_path}
+        for name, text in (("unit", files.unit_text), ("env", files.env_text)):
+            if text is not None:
+                self.host.write_atomic(where / name, text, mode=0o600, sudo=True)
+            else:
+                self.host.run(["rm", "-f", "--", str(where / name)], sudo=True)
+        self.host.write_atomic(
+            where / "paths.json", json.dumps(paths) + "\n", mode=0o600, sudo=True
+        )
+
+    def _read_files(self, where: PurePosixPath, unit: str, env: str) -> ServiceFiles:
+        paths = json.loads(self.host.read_text(where / "paths.json", sudo=True) or "{}")
+        return ServiceFiles(
+            paths.get("unit", ""),
+            self.host.read_text(where / unit, sudo=True),
+            paths.get("env", ""),
+            self.host.read_text(where / env, sudo=True),
+        )

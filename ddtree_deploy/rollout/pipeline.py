@@ -1,0 +1,191 @@
+"""The deploy pipeline of one host: preflight -> patch -> kernels -> unit -> restart -> gates.
+
+Only this module knows the order. A run first checks every step; when all are `ok` and no
+earlier run was interrupted, it changes nothing (idempotence). Otherwise it records a new
+generation, applies the steps that differ (a step that owes the service a restart persists
+`pending_restart` before it changes anything), runs the validation gates and commits. A failure
+after the host changed rolls back to the previous generation (`rollout.rollback_on_failure`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.hosts.facts import probe_facts
+from ddtree_deploy.report.events import emit
+from ddtree_deploy.rollout.apply import apply_steps
+from ddtree_deploy.rollout.generations import GenerationStore, config_hash
+from ddtree_deploy.rollout.killpoints import boundary
+from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
+from ddtree_deploy.rollout.rollback import rollback
+from ddtree_deploy.rollout.service_steps import service_files, service_steps
+from ddtree_deploy.rollout.steps import PlanStatus, Step, StepReport, check_steps
+from ddtree_deploy.service.lint import LintReport, lint_unit
+from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
+from ddtree_deploy.service.secret import Secret, load_api_key
+
+
+@dataclass(frozen=True)
+class GateContext:
+    """What a validation gate gets: the host, its new generation and what was installed."""
+
+    cfg: DeployConfig
+    host: ShellHost
+    generation: int
+    rendered: RenderedService
+    api_key: Secret | None
+
+
+Gate = Callable[[GateContext], None]  # raises a DeployError when the deployment must not stay
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The rendered, linted service of one config and the steps that install it."""
+
+    rendered: RenderedService
+    lint: LintReport
+    api_key: Secret | None
+    steps: tuple[Step, ...]
+    generations: GenerationStore
+
+    def mask(self, text: str) -> str:
+        return self.api_key.mask(text) if self.api_key else text
+
+
+@dataclass(frozen=True)
+class DeployOutcome:
+    host: str
+    generation: int | None  # current after the run
+    changed: int  # steps that changed the host
+    steps: tuple[StepReport, ...]
+    preflight: PreflightReport
+    lint: LintReport
+
+
+def patch_steps(cfg: DeployConfig) -> list[Step]:
+    """Hook for the patch engine's apply step (`ddtree_deploy.patching`), not wired in yet.
+
+    Its step must set `restarts_service = True`: the pipeline then persists `pending_restart`
+    before the step changes SGLang's files.
+    """
+    return []
+
+
+def kernel_steps(cfg: DeployConfig) -> list[Step]:
+    """Hook for the kernel builder's install step (`restarts_service = True`), not wired in yet."""
+    return []
+
+
+def validation_gates(cfg: DeployConfig) -> list[Gate]:
+    """Hook for the validation room's gates (health, server info, shadow, tree, perf).
+
+    They run after the unit runs steadily; one that raises makes the deploy roll back.
+    """
+    return []
+
+
+def prepare(cfg: DeployConfig, host: ShellHost, api_key: Secret | None) -> Prepared:
+    """Render and lint the service for `cfg` and build the steps that install it on `host`."""
+    rendered = render_service(cfg, api_key)
+    lint = lint_unit(rendered, cfg.service.max_exposure)
+    emit("service.lint", unit=lint.unit, ok=lint.ok, summary=lint.summary())
+    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    files = service_files(rendered)
+    mask = api_key.mask if api_key else _identity
+    steps: list[Step] = [
+        *patch_steps(cfg),
+        *kernel_steps(cfg),
+        *service_steps(cfg, files, generations, mask),
+    ]
+    return Prepared(rendered, lint, api_key, tuple(steps), generations)
+
+
+def preflight(cfg: DeployConfig, host: ShellHost) -> PreflightReport:
+    """Probe the host and compare; raises `PreflightRefused` before anything is touched."""
+    report = run_preflight(cfg, probe_facts(host, sglang_python(cfg)))
+    emit("preflight", refusals=report.refusals)
+    report.raise_if_refused()
+    return report
+
+
+def deploy(
+    cfg: DeployConfig, host: ShellHost, *, gates: Sequence[Gate] | None = None
+) -> DeployOutcome:
+    """Bring `host` to what `cfg` says; zero changed steps when it already is.
+
+    Raises `DeployError`s: preflight refusals and lint failures before the host changes; a
+    failure after it changed rolls back first (unless `rollout.rollback_on_failure=false`).
+    """
+    report = preflight(cfg, host)
+    boundary("preflight")
+    api_key = load_api_key(cfg.service)
+    prepared = prepare(cfg, host, api_key)
+    prepared.lint.raise_if_failed()
+    if not cfg.host.systemd:
+        row = StepReport("unit", "staging", "rendered and linted; host.systemd=false")
+        return DeployOutcome(cfg.host.name, None, 0, (row,), report, prepared.lint)
+    generations = prepared.generations
+    plans = check_steps(prepared.steps, host)
+    state = generations.state()
+    if state["in_progress"] is None and all(p.status is PlanStatus.OK for _, p in plans):
+        emit("deploy.unchanged", generation=state["generation"])
+        rows = tuple(StepReport(s.name, "ok", p.reason) for s, p in plans)
+        return DeployOutcome(cfg.host.name, state["generation"], 0, rows, report, prepared.lint)
+    number = generations.begin(
+        "deploy",
+        service_files(prepared.rendered),
+        algo=cfg.algo.name.value,
+        summary=algo_summary(cfg),
+        config_hash=config_hash(cfg),
+    )
+    emit("deploy.generation", generation=number)
+    boundary("begin")
+    try:
+        rows_applied = apply_steps(prepared.steps, host, generations, number)
+        context = GateContext(cfg, host, number, prepared.rendered, api_key)
+        for gate in validation_gates(cfg) if gates is None else gates:
+            gate(context)
+        boundary("commit")
+        lineage = [g for g in state["lineage"] if g != number] + [number]
+        generations.commit(number, lineage)
+    except DeployError as err:
+        if not cfg.rollout.rollback_on_failure:
+            raise
+        raise _rolled_back(cfg, host, err) from err
+    emit("deploy.committed", generation=number)
+    changed = sum(r.status == "changed" for r in rows_applied)
+    return DeployOutcome(cfg.host.name, number, changed, tuple(rows_applied), report, prepared.lint)
+
+
+class DeployRolledBack(DeployError):
+    """A deploy failed after it changed the host and was rolled back."""
+
+
+def _rolled_back(cfg: DeployConfig, host: ShellHost, err: DeployError) -> DeployError:
+    emit("deploy.failed", error=str(err), kind=type(err).__name__)
+    try:
+        outcome = rollback(cfg, host)
+    except DeployError as rollback_err:
+        failed = DeployRolledBack(
+            f"{err} Rolling back failed too: {rollback_err}",
+            hint="\n".join(h for h in (err.hint, rollback_err.hint) if h) or None,
+        )
+        failed.exit_code = err.exit_code
+        return failed
+    rolled = DeployRolledBack(
+        f"{err} Rolled back to generation {outcome.to_generation} ({outcome.summary}), "
+        f"which is {outcome.unit_state}.",
+        hint=err.hint,
+    )
+    rolled.exit_code = err.exit_code
+    return rolled
+
+
+def _identity(text: str) -> str:
+    return text

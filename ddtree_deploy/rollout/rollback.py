@@ -1,0 +1,160 @@
+"""Rollback: put the previous generation's unit and env file back, restart, wait until it runs.
+
+The previous generation is the one below the current in the lineage; an interrupted deploy is
+undone back to the last committed generation; an interrupted rollback is finished. When there
+is nothing below (the first generation replaced no unit), the linear-DFlash unit is rendered from
+the current config instead, since a host must keep serving. Patches stay by default (DFLASH
+behaves as before under them); `rollback.revert_patches=true` asks the patch engine to restore
+pristine SGLang files. The validation gates call `rollback` directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from ddtree_deploy.config.schema import Algo, DeployConfig
+from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.report.events import emit
+from ddtree_deploy.rollout.apply import apply_steps
+from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles, config_hash
+from ddtree_deploy.rollout.killpoints import boundary
+from ddtree_deploy.rollout.service_steps import service_files, service_steps
+from ddtree_deploy.rollout.steps import StepReport
+from ddtree_deploy.service import systemd
+from ddtree_deploy.service.render import algo_summary, render_service
+from ddtree_deploy.service.secret import load_api_key
+
+_ALGO_ARG = re.compile(r"--speculative-algorithm\s+\"?(?P<algo>[A-Z0-9_]+)")
+
+
+class NothingToRollBack(DeployError):
+    """The host has no generation recorded by this toolkit."""
+
+    exit_code = 8
+
+
+@dataclass(frozen=True)
+class RollbackOutcome:
+    host: str
+    from_generation: int | None
+    to_generation: int
+    summary: str
+    unit_state: str
+    steps: tuple[StepReport, ...]
+
+
+@dataclass(frozen=True)
+class _Target:
+    number: int | None  # an existing generation to make current again; None: a new one
+    files: ServiceFiles
+    lineage: list[int]  # the lineage below the new current generation
+    from_generation: int | None
+    algo: str
+    summary: str
+
+
+def rollback(cfg: DeployConfig, host: ShellHost) -> RollbackOutcome:
+    """Return `host` to its previous generation and wait until the unit runs steadily.
+
+    Raises `NothingToRollBack` for a host without generations, `UnitFailedToStart` (with the
+    journal) when the previous generation does not come up either.
+    """
+    if cfg.rollback.revert_patches:
+        raise ConfigError(
+            "rollback.revert_patches=true needs the patch engine's revert, which is not wired "
+            "into the rollout yet; run the rollback without it."
+        )
+    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    api_key = load_api_key(cfg.service)
+    mask = api_key.mask if api_key else (lambda text: text)
+    target = _target(cfg, generations)
+    generations.journal(
+        "rollback.begin", from_generation=target.from_generation, to_generation=target.number
+    )
+    number = target.number
+    if number is None:
+        number = generations.begin(
+            "rollback",
+            target.files,
+            algo=target.algo,
+            summary=target.summary,
+            config_hash=_rendered_hash(cfg, target),
+        )
+    boundary("rollback.begin")
+    emit("rollback.start", from_generation=target.from_generation, to_generation=number)
+    steps = service_steps(cfg, target.files, generations, mask)
+    rows = apply_steps(steps, host, generations, number)
+    generations.commit(number, [*target.lineage, number])
+    state = systemd.unit_state(host, PurePosixPath(target.files.unit_path).name)
+    emit("rollback.done", generation=number, unit_state=state.describe())
+    return RollbackOutcome(
+        cfg.host.name,
+        target.from_generation,
+        number,
+        target.summary,
+        state.describe(),
+        tuple(rows),
+    )
+
+
+def _target(cfg: DeployConfig, generations: GenerationStore) -> _Target:
+    state = generations.state()
+    lineage: list[int] = list(state["lineage"])
+    interrupted = state["in_progress"]
+    if interrupted and interrupted["kind"] == "rollback":  # finish it
+        number = int(interrupted["generation"])
+        meta = generations.meta(number)
+        assert meta is not None, "begin() wrote meta.json before marking it in progress"
+        return _Target(number, generations.files(number), [], None, meta.algo, meta.summary)
+    if interrupted:  # an interrupted deploy: back to the last committed generation
+        from_generation = int(interrupted["generation"])
+    elif lineage:
+        from_generation = lineage.pop()
+    else:
+        raise NothingToRollBack(
+            f"{cfg.host.name} has no generation recorded under {cfg.host.state_dir}; there is "
+            "nothing to roll back to."
+        )
+    if lineage:
+        number = lineage[-1]
+        meta = generations.meta(number)
+        assert meta is not None, "a committed generation has meta.json"
+        return _Target(
+            number,
+            generations.files(number),
+            lineage[:-1],
+            from_generation,
+            meta.algo,
+            meta.summary,
+        )
+    before = generations.replaced(from_generation)
+    if before.unit_text is not None:
+        algo = _algo_of(before.unit_text)
+        return _Target(None, before, [], from_generation, algo, f"the unit found before ({algo})")
+    linear = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
+    rendered = render_service(linear, load_api_key(cfg.service))
+    return _Target(
+        None,
+        service_files(rendered),
+        [],
+        from_generation,
+        Algo.DFLASH.value,
+        algo_summary(linear),
+    )
+
+
+def _algo_of(unit_text: str) -> str:
+    match = _ALGO_ARG.search(unit_text)
+    return match["algo"] if match else "unknown"
+
+
+def _rendered_hash(cfg: DeployConfig, target: _Target) -> str:
+    if target.algo == Algo.DFLASH.value:
+        return config_hash(
+            dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
+        )
+    return ""

@@ -1,0 +1,170 @@
+"""Render the SGLang unit and its environment file from `templates/` for one config.
+
+The unit holds everything but secrets; the API key goes only into the environment file, which
+is installed 0600 and referenced from ExecStart as `${SGLANG_API_KEY}`. Rendering is pure: the
+same config gives the same bytes, so an unchanged config never looks like a change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+import jinja2
+
+from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
+from ddtree_deploy.service.quoting import env_assignment, exec_line, exec_variable, exec_word
+from ddtree_deploy.service.secret import MASK, Secret
+
+API_KEY_VAR = "SGLANG_API_KEY"
+
+
+def _load_template(name: str) -> str:
+    # templates/ ships as the package ddtree_deploy.templates (see pyproject.toml).
+    return (importlib.resources.files("ddtree_deploy.templates") / name).read_text()
+
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FunctionLoader(_load_template),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    autoescape=False,  # systemd syntax, not HTML; values are quoted by service.quoting
+)
+
+
+@dataclass(frozen=True)
+class RenderedService:
+    """The two files a host gets; `env_text` may hold the secret, `env_masked` never does."""
+
+    unit_name: str
+    unit_path: PurePosixPath
+    unit_text: str
+    env_path: PurePosixPath
+    env_text: str
+    env_masked: str
+    argv: tuple[str, ...]  # ExecStart as the program receives it (API key as ${VAR})
+
+    @property
+    def unit_file(self) -> str:
+        return self.unit_path.name
+
+    @property
+    def unit_sha256(self) -> str:
+        return sha256_text(self.unit_text)
+
+    @property
+    def env_sha256(self) -> str:
+        return sha256_text(self.env_text)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def unit_paths(cfg: DeployConfig) -> tuple[PurePosixPath, PurePosixPath]:
+    """Where the unit and its environment file live on the host."""
+    name = cfg.service.unit_name
+    return (
+        PurePosixPath(cfg.service.unit_dir) / f"{name}.service",
+        PurePosixPath(cfg.service.env_dir) / f"{name}.env",
+    )
+
+
+def server_argv(cfg: DeployConfig, *, api_key: bool) -> list[str]:
+    """ExecStart's argv: the venv's python, the launch module, then SGLang's arguments."""
+    svc, model = cfg.service, cfg.model
+    argv = [
+        str(PurePosixPath(cfg.host.sglang_venv) / "bin" / "python"),
+        "-m",
+        svc.launch_module,
+        "--model-path",
+        model.target_path,
+        "--tp-size",
+        str(svc.tp_size),
+        "--host",
+        svc.listen_host,
+        "--port",
+        str(svc.port),
+        "--mem-fraction-static",
+        f"{svc.mem_fraction_static:g}",
+        "--context-length",
+        str(model.context_length),
+        *speculative_args(cfg),
+    ]
+    if api_key:
+        argv += ["--api-key", exec_variable(API_KEY_VAR)]
+    return argv + list(svc.extra_args)
+
+
+def speculative_args(cfg: DeployConfig) -> list[str]:
+    """The `--speculative-*` arguments of the chosen algorithm (block size comes from the draft)."""
+    algo = cfg.algo
+    args = [
+        "--speculative-algorithm",
+        algo.name.value,
+        "--speculative-draft-model-path",
+        cfg.model.draft_path,
+    ]
+    if algo.name is Algo.DDTREE:
+        args += [
+            "--speculative-ddtree-budget",
+            str(algo.budget),
+            "--speculative-ddtree-topk",
+            str(algo.topk),
+            "--speculative-ddtree-mode",
+            algo.mode.value,
+        ]
+        if algo.allow_hybrid_unsafe:
+            args.append("--speculative-ddtree-allow-hybrid-unsafe")
+    return args
+
+
+def algo_summary(cfg: DeployConfig) -> str:
+    algo = cfg.algo
+    if algo.name is Algo.DFLASH:
+        return "linear DFLASH"
+    if algo.mode is TreeMode.shadow_linear:
+        return f"DDTREE shadow_linear, budget {algo.budget}"
+    return f"DDTREE tree, budget {algo.budget}, topk {algo.topk}"
+
+
+def render_service(cfg: DeployConfig, api_key: Secret | None) -> RenderedService:
+    """Render both files; raises `jinja2` errors only for a broken template (a bug)."""
+    unit_path, env_path = unit_paths(cfg)
+    argv = server_argv(cfg, api_key=api_key is not None)
+    words = [w if w.startswith("${") else exec_word(w) for w in argv]
+    unit_text = _TEMPLATES.get_template("sglang.service.j2").render(
+        unit_name=cfg.service.unit_name,
+        model_name=cfg.model.name,
+        algo_summary=algo_summary(cfg),
+        user=cfg.service.user,
+        env_path=exec_word(str(env_path)),
+        exec_start=exec_line(words),
+        restart_delay_s=cfg.service.restart_delay_s,
+        start_timeout_s=cfg.service.start_timeout_s,
+        stop_timeout_s=cfg.service.stop_timeout_s,
+        limit_nofile=cfg.service.limit_nofile,
+    )
+    return RenderedService(
+        unit_name=cfg.service.unit_name,
+        unit_path=unit_path,
+        unit_text=unit_text,
+        env_path=env_path,
+        env_text=_render_env(cfg, api_key.reveal() if api_key else None),
+        env_masked=_render_env(cfg, MASK if api_key else None),
+        argv=tuple(argv),
+    )
+
+
+def _render_env(cfg: DeployConfig, api_key: str | None) -> str:
+    values = {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in cfg.host.gpu_ids),
+        "PYTHONUNBUFFERED": "1",
+        **cfg.service.environment,
+    }
+    if api_key is not None:
+        values[API_KEY_VAR] = api_key
+    lines = [env_assignment(key, value) for key, value in values.items()]
+    return _TEMPLATES.get_template("sglang.env.j2").render(assignments=lines)
