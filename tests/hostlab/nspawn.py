@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,20 +56,27 @@ class Container:
         release(self.netns, self.lease)
 
 
-def boot_container(rootfs: Path, *, timeout_s: float = 120.0) -> Container:
+def boot_container(
+    rootfs: Path, *, timeout_s: float = 120.0, binds_ro: Sequence[Path] = ()
+) -> Container:
     """Boot a new container host from `rootfs` and wait until systemd finished booting.
+
+    `binds_ro`: directories of this machine mounted read-only at the same path inside (e.g. a
+    prepared SGLang venv and the Python it was made with).
 
     Raises HostlabError with the console log if it does not come up within `timeout_s`.
     """
     ns, lease = create_netns()
     try:
-        return _boot(rootfs, ns, lease, timeout_s)
+        return _boot(rootfs, ns, lease, timeout_s, binds_ro)
     except BaseException:
         release(ns, lease)
         raise
 
 
-def _boot(rootfs: Path, ns: NetNS, lease: Lease, timeout_s: float) -> Container:
+def _boot(
+    rootfs: Path, ns: NetNS, lease: Lease, timeout_s: float, binds_ro: Sequence[Path]
+) -> Container:
     work = WORK_ROOT / ns.name
     lease.dirs.append(str(work))  # journal intent first, so a sweep after a crash removes it
     ns.record(lease)
@@ -111,6 +119,7 @@ def _boot(rootfs: Path, ns: NetNS, lease: Lease, timeout_s: float) -> Container:
         "-M",
         ns.name,
         f"--network-namespace-path={ns.path}",
+        *(f"--bind-ro={path}" for path in binds_ro),
         "--boot",
     ]
     with console.open("wb") as out:
