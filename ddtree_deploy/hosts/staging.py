@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from ddtree_deploy.errors import DeployError
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.report.events import emit
 
@@ -50,18 +51,35 @@ def prepare_staging_venv(
         return StagingResult(venv, False, reason)
     building = venv.parent / f".{venv.name}.building"
     host.run(["rm", "-rf", "--", str(building)])
-    emit("prepare.stage", message=f"creating venv with {base_python}")
-    host.run([base_python, "-m", "venv", str(building)])
-    pip = [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-input"]
-    emit("prepare.stage", message=f"installing {len(requirements)} CPU requirements (torch first)")
-    host.run([*pip, *requirements], timeout_s=3600)
-    emit("prepare.stage", message=f"installing sglang=={sglang_version} from its PyPI wheel")
-    host.run([*pip, "--no-deps", f"sglang=={sglang_version}"], timeout_s=1200)
-    host.write_atomic(building / MARKER, json.dumps(wanted, sort_keys=True) + "\n")
-    # venvs hard-code their own path in scripts: rebuild in place would need a second venv
-    # step, so the finished tree is moved over the old one and its bin/ scripts fixed up.
+    try:
+        _build(host, building, base_python, sglang_version, requirements, wanted)
+    except DeployError:
+        host.run(["rm", "-rf", "--", str(building)], check=False)
+        raise
+    # The finished venv replaces the old one whole; `venv --upgrade` then rewrites the paths
+    # the venv recorded at build time (pyvenv.cfg, activate scripts) for its final location.
     host.run(["rm", "-rf", "--", str(venv)])
     host.run(["mv", "--", str(building), str(venv)])
     host.run([base_python, "-m", "venv", "--upgrade", str(venv)])
     emit("prepare.done", venv=str(venv), message=f"{venv} holds sglang {sglang_version}")
     return StagingResult(venv, True, f"built {venv} with sglang {sglang_version}")
+
+
+def _build(
+    host: ShellHost,
+    building: PurePosixPath,
+    base_python: str,
+    sglang_version: str,
+    requirements: Sequence[str],
+    marker: dict[str, str],
+) -> None:
+    """Create the venv at `building` and install into it; the marker is written last."""
+    emit("prepare.stage", message=f"creating venv with {base_python}")
+    host.run([base_python, "-m", "venv", str(building)])
+    pip = [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-input"]
+    if requirements:
+        emit("prepare.stage", message=f"installing {len(requirements)} CPU requirements")
+        host.run([*pip, *requirements], timeout_s=3600)
+    emit("prepare.stage", message=f"installing sglang=={sglang_version} from its PyPI wheel")
+    host.run([*pip, "--no-deps", f"sglang=={sglang_version}"], timeout_s=1200)
+    host.write_atomic(building / MARKER, json.dumps(marker, sort_keys=True) + "\n")

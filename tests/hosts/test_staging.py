@@ -1,0 +1,48 @@
+"""The staging venv is built from the real SGLang wheel on PyPI, once, and swapped in whole."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from ddtree_deploy.errors import CommandFailed
+from ddtree_deploy.hosts.local import LocalHost
+from ddtree_deploy.hosts.staging import MARKER, prepare_staging_venv, staging_marker
+
+
+def _installed_sglang(venv: Path) -> str:
+    return subprocess.run(
+        [venv / "bin" / "python", "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+
+
+def test_prepare_builds_once_then_changes_nothing(tmp_path: Path) -> None:
+    venv = tmp_path / "sglang-venv"
+    first = prepare_staging_venv(LocalHost(), PurePosixPath(venv), base_python="python3.11", sglang_version="0.5.11", requirements=[])
+    assert first.changed
+    assert _installed_sglang(venv) == "0.5.11"
+    assert json.loads((venv / MARKER).read_text()) == staging_marker("0.5.11", [])
+    stamp = (venv / MARKER).stat().st_mtime_ns
+    second = prepare_staging_venv(LocalHost(), PurePosixPath(venv), base_python="python3.11", sglang_version="0.5.11", requirements=[])
+    assert not second.changed
+    assert (venv / MARKER).stat().st_mtime_ns == stamp
+
+
+def test_prepare_failure_keeps_previous_venv(tmp_path: Path) -> None:
+    venv = tmp_path / "sglang-venv"
+    prepare_staging_venv(LocalHost(), PurePosixPath(venv), base_python="python3.11", sglang_version="0.5.11", requirements=[])
+    with pytest.raises(CommandFailed):
+        prepare_staging_venv(LocalHost(), PurePosixPath(venv), base_python="python3.11", sglang_version="0.5.11", requirements=["no-such-package-ddtree-xyz==9.9"])
+    assert _installed_sglang(venv) == "0.5.11"
+    assert json.loads((venv / MARKER).read_text()) == staging_marker("0.5.11", [])
+
+
+def test_prepare_failure_leaves_no_build_folder(tmp_path: Path) -> None:
+    venv = tmp_path / "sglang-venv"
+    with pytest.raises(CommandFailed):
+        prepare_staging_venv(LocalHost(), PurePosixPath(venv), base_python="python3.11", sglang_version="0.0.0", requirements=[])
+    assert list(tmp_path.iterdir()) == []
