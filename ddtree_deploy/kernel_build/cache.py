@@ -1,0 +1,70 @@
+"""The control machine's wheel cache: one folder per ABI key, holding the wheel and its metadata.
+
+It lives on the control machine (default `~/.cache/ddtree-deploy/kernels/`, or under
+`$XDG_CACHE_HOME`) because the key fully determines the wheel: one compile serves every host with
+the same torch/CUDA/Python/arch, and the cache outlives a host that is reinstalled. Entries are
+written to a temp folder and renamed into place, so a killed run never leaves half an entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddtree_deploy.kernel_build.key import KernelKey
+
+_META = "meta.json"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ddtree-deploy" / "kernels"
+
+
+@dataclass(frozen=True)
+class CachedWheel:
+    """A wheel in the cache: its file and the sha256 recorded when it was stored."""
+
+    path: Path
+    sha256: str
+
+
+class WheelCache:
+    """Wheels by `KernelKey.slug` under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, key: KernelKey) -> CachedWheel | None:
+        """The cached wheel for `key`, or None (also when the entry was damaged or edited)."""
+        folder = self.root / key.slug
+        try:
+            meta = json.loads((folder / _META).read_text())
+            path = folder / meta["wheel"]
+            data = path.read_bytes()
+        except (OSError, ValueError, KeyError):
+            return None
+        if meta.get("digest") != key.digest or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            return None
+        return CachedWheel(path, meta["sha256"])
+
+    def put(self, key: KernelKey, wheel_name: str, data: bytes, *, built_on: str) -> CachedWheel:
+        """Store a wheel for `key`, replacing any entry there."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        sha256 = hashlib.sha256(data).hexdigest()
+        staging = Path(tempfile.mkdtemp(prefix=f".{key.slug}.", dir=self.root))
+        try:
+            (staging / wheel_name).write_bytes(data)
+            meta = {**key.to_dict(), "wheel": wheel_name, "sha256": sha256, "built_on": built_on}
+            (staging / _META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            folder = self.root / key.slug
+            shutil.rmtree(folder, ignore_errors=True)
+            staging.rename(folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return CachedWheel(folder / wheel_name, sha256)

@@ -1,0 +1,81 @@
+"""The kernels step on the local staging host: a real reference-only wheel in a real venv."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path, PurePosixPath
+
+from ddtree_deploy.hosts.local import LocalHost
+from ddtree_deploy.kernel_build import (
+    KernelsStep,
+    PlanStatus,
+    ResultStatus,
+    WheelSource,
+)
+
+
+def _import_origin(python: PurePosixPath) -> dict[str, object]:
+    code = (
+        "import json, ddtree_kernels; "
+        "print(json.dumps({'file': ddtree_kernels.__file__, **ddtree_kernels.build_info()}))"
+    )
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def test_reference_build_installs_then_second_apply_changes_nothing(
+    reference_step: KernelsStep,
+) -> None:
+    host = LocalHost()
+    plan = reference_step.check(host)
+    assert plan.status is PlanStatus.would_change
+    assert plan.source is WheelSource.build
+    assert "reference-only: staging host without a GPU" in plan.reason
+
+    first = reference_step.apply(host)
+    assert first.status is ResultStatus.changed
+    assert first.source is WheelSource.build
+    assert first.key.variant == "reference"
+    assert first.smoke.passed
+    assert set(first.smoke.checks) >= {"topk_logprobs", "build_tree", "verify_walk"}
+    venv = str(reference_step.python.parent.parent)
+    assert first.smoke.module_file.startswith(venv)
+    origin = _import_origin(reference_step.python)
+    assert origin["cuda_extension_built"] is False
+
+    state = json.loads(Path(reference_step.state_dir, "state.json").read_text())
+    assert state["kernels"]["key"] == first.key.slug
+    assert state["kernels"]["wheel_sha256"] == first.wheel_sha256
+    assert Path(state["kernels"]["wheel"]).is_file()
+
+    assert reference_step.check(host).status is PlanStatus.ok
+    second = reference_step.apply(host)
+    assert second.status is ResultStatus.ok
+    assert second.source is WheelSource.installed
+    assert second.smoke.passed
+    assert json.loads(Path(reference_step.state_dir, "state.json").read_text()) == state
+
+
+def test_second_venv_with_same_abi_takes_the_wheel_from_the_cache(
+    reference_step: KernelsStep, kernel_venv: Path, tmp_path: Path
+) -> None:
+    host = LocalHost()
+    built = reference_step.apply(host)
+    other_venv = tmp_path / "venv2"
+    subprocess.run(["cp", "-a", str(kernel_venv.parent.parent), str(other_venv)], check=True)
+    subprocess.run([str(other_venv / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q",
+                    "ddtree-kernels"], check=True)  # fmt: skip
+    other = dataclasses.replace(
+        reference_step,
+        python=PurePosixPath(other_venv / "bin" / "python"),
+        state_dir=PurePosixPath(tmp_path / "state2"),
+    )
+    plan = other.check(host)
+    assert (plan.status, plan.source) == (PlanStatus.would_change, WheelSource.cache)
+    result = other.apply(host)
+    assert (result.status, result.source) == (ResultStatus.changed, WheelSource.cache)
+    assert result.wheel_sha256 == built.wheel_sha256
+    assert result.smoke.module_file.startswith(str(other_venv))
