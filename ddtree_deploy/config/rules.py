@@ -6,7 +6,14 @@ import re
 
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy.config.schema import ACTIONS, Algo, DeployConfig, Transport, TreeMode
+from ddtree_deploy.config.schema import (
+    ACTIONS,
+    GATE_TIMINGS,
+    Algo,
+    DeployConfig,
+    Transport,
+    TreeMode,
+)
 from ddtree_deploy.errors import ConfigError
 
 _TORCH_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -147,4 +154,24 @@ def _validation_problems(cfg: DeployConfig) -> list[str]:
         problems.append(
             f"validation.acceptance_tolerance={val.acceptance_tolerance} must be in [0, 1)."
         )
+    if not 0 < val.collapse_ratio <= 1:
+        problems.append(f"validation.collapse_ratio={val.collapse_ratio} must be in (0, 1].")
+    if val.repeats < 1:
+        problems.append(f"validation.repeats={val.repeats} must be at least 1.")
+    for gate in GATE_TIMINGS:
+        timing = getattr(val, gate)
+        if timing.timeout_s <= 0 or timing.interval_s <= 0 or timing.initial_delay_s < 0:
+            problems.append(
+                f"validation.{gate} needs timeout_s > 0, interval_s > 0 and initial_delay_s >= 0."
+            )
+    if not val.prompts:
+        problems.append("validation.prompts is empty; the shadow and tree gates need prompts.")
+    names = [p.name for p in val.prompts]
+    if len(set(names)) != len(names):
+        problems.append("validation.prompts has duplicate names; name each prompt once.")
+    problems += [
+        f"validation.prompts[{p.name}].max_new_tokens={p.max_new_tokens} must be at least 1."
+        for p in val.prompts
+        if p.max_new_tokens < 1
+    ]
     return problems

@@ -144,12 +144,83 @@ class ServiceConfig:
     max_exposure: float = 6.0  # `systemd-analyze security` exposure must stay at or below
 
 
+class InconclusivePolicy(StrEnum):
+    """What a gate that could not judge does to the deployment."""
+
+    rollback = "rollback"  # treat it as a failure
+    pause = "pause"  # leave the new generation serving, unpromoted, and exit non-zero
+    promote = "promote"  # treat it as a pass (recorded as inconclusive in the report)
+
+
+class HybridDivergencePolicy(StrEnum):
+    """How tree-mode token divergences on hybrid (attention + recurrent) targets are judged."""
+
+    fail = "fail"
+    inconclusive = "inconclusive"
+    accept = "accept"
+
+
+class GateAccess(StrEnum):
+    """How the gates reach the service's HTTP port on the host."""
+
+    ssh_tunnel = "ssh_tunnel"  # a direct-tcpip channel of the SSH connection to listen_host:port
+    direct = "direct"  # plain TCP from the control machine to host.address:port
+
+
+# The validation gates that poll or measure, in order; each has a GateTimingConfig of its name.
+GATE_TIMINGS = (
+    "unit_active",
+    "health",
+    "server_info",
+    "health_generate",
+    "baseline",
+    "shadow_linear",
+    "tree",
+)
+
+
+@dataclass
+class GateTimingConfig:
+    """When a gate starts, how often it polls, and when it gives up (seconds)."""
+
+    timeout_s: float = 60.0
+    interval_s: float = 1.0
+    initial_delay_s: float = 0.0
+
+
+@dataclass
+class PromptConfig:
+    """One prompt of the validation set, answered at temperature 0."""
+
+    name: str = MISSING
+    kind: str = MISSING  # chat | code | math | json: what the prompt exercises
+    text: str = MISSING
+    max_new_tokens: int = 64
+
+
 @dataclass
 class ValidationConfig:
-    """Gates a deployment must pass before it is promoted."""
+    """Gates a deployment must pass before it is promoted (ddtree_deploy.validate)."""
 
     min_speedup: float = 1.05
     acceptance_tolerance: float = 0.02
+    # Shadow acceptance below this fraction of the baseline's is a collapse (missing hidden states).
+    collapse_ratio: float = 0.6
+    # A throughput measurement with fewer completion tokens cannot judge a speedup.
+    min_measured_tokens: int = 64
+    repeats: int = 1  # passes over the prompt set per measurement
+    on_inconclusive: InconclusivePolicy = InconclusivePolicy.rollback
+    hybrid_divergence: HybridDivergencePolicy = HybridDivergencePolicy.inconclusive
+    access: GateAccess = GateAccess.ssh_tunnel
+    request_timeout_s: float = 300.0
+    unit_active: GateTimingConfig = field(default_factory=GateTimingConfig)
+    health: GateTimingConfig = field(default_factory=GateTimingConfig)
+    server_info: GateTimingConfig = field(default_factory=GateTimingConfig)
+    health_generate: GateTimingConfig = field(default_factory=GateTimingConfig)
+    baseline: GateTimingConfig = field(default_factory=GateTimingConfig)
+    shadow_linear: GateTimingConfig = field(default_factory=GateTimingConfig)
+    tree: GateTimingConfig = field(default_factory=GateTimingConfig)
+    prompts: list[PromptConfig] = field(default_factory=list)
 
 
 @dataclass

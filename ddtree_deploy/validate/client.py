@@ -1,0 +1,135 @@
+"""A small typed client for the SGLang HTTP endpoints the gates read.
+
+Endpoints and shapes are SGLang 0.5.x's (`srt/entrypoints/http_server.py`): `/health` and
+`/health_generate` answer 200 or 503 with no body, `/get_server_info` is the resolved
+`ServerArgs` as a dict (plus `internal_states` and `version`), `/generate` returns `text`,
+`output_ids` and `meta_info` (`completion_tokens`, and with speculative decoding
+`spec_verify_ct` and `spec_accept_length` = completion_tokens / spec_verify_ct).
+
+The API key travels only in the `Authorization: Bearer` header; it is never logged, and error
+sentences name the URL path, never headers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from ddtree_deploy.service.secret import Secret
+from ddtree_deploy.validate.errors import BadResponse, ServiceUnreachable
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One `/generate` answer at temperature 0, with the client's wall-clock time for it."""
+
+    output_ids: tuple[int, ...]
+    text: str
+    completion_tokens: int
+    verify_ct: int | None  # verify passes (None: the server does not speculate)
+    accept_length: float | None  # completion tokens per verify pass, bonus token included
+    wall_s: float
+
+
+class SglangClient:
+    """Talks to one SGLang server; use as a context manager (it holds a connection pool)."""
+
+    def __init__(self, base_url: str, *, api_key: Secret | None, timeout_s: float) -> None:
+        headers = {"Authorization": f"Bearer {api_key.reveal()}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+
+    def __enter__(self) -> SglangClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def health(self) -> int:
+        """HTTP status of `/health` (200 once the server is up)."""
+        return self._request("GET", "/health").status_code
+
+    def health_generate(self) -> int:
+        """HTTP status of `/health_generate` (200 after the server generated one token)."""
+        return self._request("GET", "/health_generate").status_code
+
+    def server_info(self) -> dict[str, Any]:
+        return self._json("GET", "/get_server_info")
+
+    def model_info(self) -> dict[str, Any]:
+        return self._json("GET", "/get_model_info")
+
+    def models(self) -> list[str]:
+        """Ids of the served models (`/v1/models`)."""
+        data = self._json("GET", "/v1/models").get("data")
+        if not isinstance(data, list):
+            raise BadResponse(f"{self.base_url}/v1/models has no `data` list.")
+        return [str(card.get("id")) for card in data if isinstance(card, dict)]
+
+    def generate(self, text: str, max_new_tokens: int) -> Completion:
+        """Greedy completion of `text`; raises `BadResponse` if `meta_info` is malformed."""
+        payload = {
+            "text": text,
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": max_new_tokens,
+                "ignore_eos": True,
+            },
+        }
+        start = time.perf_counter()
+        body = self._json("POST", "/generate", json=payload)
+        wall_s = time.perf_counter() - start
+        return _completion(body, wall_s, self.base_url)
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = self._request(method, path, **kwargs)
+        if response.status_code != 200:
+            raise BadResponse(
+                f"{self.base_url}{path} answered HTTP {response.status_code}: "
+                f"{response.text.strip()[:200] or 'no body'}."
+            )
+        try:
+            body = response.json()
+        except ValueError as err:
+            raise BadResponse(f"{self.base_url}{path} did not answer JSON.") from err
+        if not isinstance(body, dict):
+            raise BadResponse(f"{self.base_url}{path} did not answer a JSON object.")
+        return body
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as err:
+            raise ServiceUnreachable(
+                f"{self.base_url}{path} did not answer ({type(err).__name__})."
+            ) from err
+
+
+def _completion(body: dict[str, Any], wall_s: float, where: str) -> Completion:
+    meta = body.get("meta_info")
+    ids = body.get("output_ids")
+    if not isinstance(meta, dict) or not isinstance(ids, list):
+        raise BadResponse(f"{where}/generate answered without `output_ids` and `meta_info`.")
+    tokens = int(meta.get("completion_tokens", len(ids)))
+    verify_ct = meta.get("spec_verify_ct")
+    accept = meta.get("spec_accept_length")
+    return Completion(
+        output_ids=tuple(int(i) for i in ids),
+        text=str(body.get("text", "")),
+        completion_tokens=tokens,
+        verify_ct=int(verify_ct) if verify_ct else None,
+        accept_length=float(accept) if accept is not None else None,
+        wall_s=wall_s,
+    )

@@ -1,0 +1,19 @@
+"""Errors of the validation room (one sentence each, like every `DeployError`)."""
+
+from __future__ import annotations
+
+from ddtree_deploy.errors import DeployError
+
+
+class ValidationError(DeployError):
+    """A validation gate failed or could not run; the deployment was not promoted."""
+
+    exit_code = 8
+
+
+class ServiceUnreachable(ValidationError):
+    """The SGLang HTTP port did not answer (refused, reset, timed out)."""
+
+
+class BadResponse(ValidationError):
+    """SGLang answered, but not with the status or JSON shape its API promises."""

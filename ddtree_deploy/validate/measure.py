@@ -1,0 +1,136 @@
+"""Answer the prompt set and keep what the gates compare: tokens, acceptance, tokens/s.
+
+Every measurement (baseline, shadow-linear, tree) is taken the same way: the prompts one after
+another, temperature 0, wall-clock time on the control machine around each request, `repeats`
+passes. Tokens are compared on the first pass; throughput is over all passes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ddtree_deploy.config.schema import PromptConfig
+from ddtree_deploy.validate.client import SglangClient
+from ddtree_deploy.validate.errors import ValidationError
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    """One prompt's answer in one pass."""
+
+    name: str
+    repeat: int
+    output_ids: tuple[int, ...]
+    completion_tokens: int
+    verify_ct: int | None
+    wall_s: float
+
+    @property
+    def accept_length(self) -> float | None:
+        return self.completion_tokens / self.verify_ct if self.verify_ct else None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The prompt set answered by one service configuration (`label` says which)."""
+
+    label: str
+    results: tuple[PromptResult, ...]
+
+    @property
+    def first_pass(self) -> tuple[PromptResult, ...]:
+        return tuple(r for r in self.results if r.repeat == 0)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.results)
+
+    @property
+    def total_wall_s(self) -> float:
+        return sum(r.wall_s for r in self.results)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.total_tokens / self.total_wall_s if self.total_wall_s > 0 else 0.0
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        """Completion tokens per verify pass over the set; None if a request did not say."""
+        if not self.results or any(r.verify_ct is None for r in self.results):
+            return None
+        return self.total_tokens / sum(r.verify_ct or 0 for r in self.results)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures a report shows (no token ids)."""
+        accept = self.mean_accept_length
+        return {
+            "label": self.label,
+            "prompts": len(self.first_pass),
+            "tokens": self.total_tokens,
+            "wall_s": round(self.total_wall_s, 4),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "mean_accept_length": round(accept, 4) if accept is not None else None,
+            "per_prompt": [
+                {
+                    "name": r.name,
+                    "tokens": r.completion_tokens,
+                    "accept_length": round(a, 4) if (a := r.accept_length) is not None else None,
+                    "tokens_per_s": round(r.completion_tokens / r.wall_s, 2) if r.wall_s else 0,
+                }
+                for r in self.first_pass
+            ],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, token ids included (what the generation stores as its baseline)."""
+        return {"label": self.label, "results": [asdict(r) for r in self.results]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        results = tuple(
+            PromptResult(
+                name=str(r["name"]),
+                repeat=int(r["repeat"]),
+                output_ids=tuple(int(i) for i in r["output_ids"]),
+                completion_tokens=int(r["completion_tokens"]),
+                verify_ct=None if r["verify_ct"] is None else int(r["verify_ct"]),
+                wall_s=float(r["wall_s"]),
+            )
+            for r in data["results"]
+        )
+        return cls(label=str(data["label"]), results=results)
+
+
+def measure(
+    client: SglangClient,
+    prompts: Sequence[PromptConfig],
+    *,
+    label: str,
+    repeats: int,
+    timeout_s: float,
+) -> Measurement:
+    """Answer every prompt `repeats` times; `ValidationError` past `timeout_s` in all."""
+    deadline = time.monotonic() + timeout_s
+    results = []
+    for repeat in range(repeats):
+        for prompt in prompts:
+            if time.monotonic() > deadline:
+                raise ValidationError(
+                    f"Measuring {label} took longer than {timeout_s:g} s "
+                    f"(stopped before prompt {prompt.name!r}, pass {repeat + 1})."
+                )
+            answer = client.generate(prompt.text, prompt.max_new_tokens)
+            results.append(
+                PromptResult(
+                    name=prompt.name,
+                    repeat=repeat,
+                    output_ids=answer.output_ids,
+                    completion_tokens=answer.completion_tokens,
+                    verify_ct=answer.verify_ct,
+                    wall_s=answer.wall_s,
+                )
+            )
+    return Measurement(label=label, results=tuple(results))

@@ -1,0 +1,159 @@
+"""The stand-in's tiny deterministic "target" and "draft", decoded with `ddtree_kernels.reference`.
+
+TEST DOUBLE: real SGLang cannot run without GPUs, so the stand-in server decodes with this toy
+instead of a language model. What it keeps from the real thing is what the gates observe:
+
+- the target is greedy over a fixed pseudo-random table (the next token depends on the last
+  two), so every speculative scheme that is lossless yields exactly the same tokens;
+- the draft gives, for each of the L = block_size - 1 positions after the root, a distribution
+  in which the target's true token sits at rank 0 most of the time, sometimes at rank 1 or 2,
+  rarely nowhere near the top (a deterministic hash decides), so a tree with top-k > 1 recovers
+  misses a chain cannot: tree acceptance is longer than linear acceptance;
+- linear DFlash and DDTREE shadow_linear verify the chain (tree build with top-k 1 and budget L,
+  which DDTREE.md says equals the chain), DDTREE tree mode verifies the best-first tree, both
+  with the project's reference ops `build_tree` and `verify_walk`.
+
+Time per verify pass is a sleep (`step_s`, times `tree_cost` for a tree), so throughput differs
+between modes by acceptance, as on a GPU, and not by CPU noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import torch
+from ddtree_kernels import reference
+
+VOCAB = 64
+_SEED = 20261130
+
+
+def _table() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(_SEED)
+    return torch.randint(0, VOCAB, (VOCAB, VOCAB), generator=gen)
+
+
+_TARGET = _table()
+# Logits by rank. A calibrated draft: confident where it is right, unsure (near-tied top
+# candidates) where it might not be, which is where a best-first tree spends its budget.
+_CONFIDENT = torch.tensor([6.0, 1.0, 0.5, 0.2] + [0.0] * (VOCAB - 4))
+_UNSURE = torch.tensor([2.0, 1.9, 1.8, 0.3] + [0.0] * (VOCAB - 4))
+_MISS_RANK = 9  # beyond any top-k the configs use: the tree cannot recover it either
+# (upper bound of a uniform draw, true rank, draft unsure): 55 % confident and right, 20 % right
+# but unsure, 17 % second, 5 % third, 3 % a miss. Linear acceptance ~4.1, tree (top-k 4) ~4.7.
+_RANKS = ((0.55, 0, False), (0.75, 0, True), (0.92, 1, True), (0.97, 2, True))
+
+
+def tokenize(text: str) -> list[int]:
+    return [b % VOCAB for b in text.encode()] or [0]
+
+
+def detokenize(ids: list[int]) -> str:
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,\n:;"
+    return "".join(alphabet[i % len(alphabet)] for i in ids)
+
+
+def target_next(prev: int, last: int) -> int:
+    return int(_TARGET[prev, last])
+
+
+def _unit(*parts: int) -> float:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def _true_rank(pos: int, last: int, depth: int, collapsed: bool) -> tuple[int, bool]:
+    """Where the target's token sits in the draft's row, and whether the draft is unsure."""
+    if collapsed:  # no hidden states: the draft guesses blind, confidently wrong
+        return _MISS_RANK, False
+    u = _unit(_SEED, pos, last, depth)
+    for bound, rank, unsure in _RANKS:
+        if u < bound:
+            return rank, unsure
+    return _MISS_RANK, False
+
+
+def draft_logits(context: list[int], width: int, *, collapsed: bool) -> torch.Tensor:
+    """[width, VOCAB] draft logits for the positions after `context` (its last token is the root)."""
+    prev, last = (context[-2] if len(context) > 1 else 0), context[-1]
+    rows = torch.empty(width, VOCAB)
+    for depth in range(width):
+        truth = target_next(prev, last)
+        rank, unsure = _true_rank(len(context), context[-1], depth, collapsed)
+        # A deterministic order of the other tokens; the true one is moved to `rank`.
+        order = [(truth + 1 + 7 * j) % VOCAB for j in range(VOCAB)]
+        order = [t for t in order if t != truth]
+        order.insert(rank, truth)
+        rows[depth, torch.tensor(order)] = _UNSURE if unsure else _CONFIDENT
+        prev, last = last, truth
+    return rows
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One request's output with the speculative counters SGLang reports."""
+
+    output_ids: list[int]
+    verify_ct: int
+    accepted_drafts: int
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """Speculative decoding over the toy model; `topk`/`budget` 1/L is the linear chain."""
+
+    block_size: int
+    topk: int
+    budget: int
+    step_s: float
+    tree_cost: float
+    collapsed: bool = False
+    diverge_at: int | None = None  # emit a wrong token at this output position (fault)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.topk > 1
+
+    def generate(self, prompt: list[int], max_new_tokens: int) -> Decoded:
+        context = list(prompt)
+        out: list[int] = []
+        verify_ct = accepted = 0
+        width = self.block_size - 1
+        while len(out) < max_new_tokens:
+            committed = self._verify_step(context, width)
+            verify_ct += 1
+            accepted += len(committed) - 1
+            for token in committed[: max_new_tokens - len(out)]:
+                if self.diverge_at is not None and len(out) == self.diverge_at:
+                    token = (token + 1) % VOCAB
+                out.append(token)
+                context.append(token)
+            time.sleep(self.step_s * (self.tree_cost if self.is_tree else 1.0))
+        return Decoded(out, verify_ct, accepted)
+
+    def _verify_step(self, context: list[int], width: int) -> list[int]:
+        """One draft + verify pass: the tokens it commits (accepted drafts, then the bonus)."""
+        top = reference.topk_logprobs(
+            draft_logits(context, width, collapsed=self.collapsed), self.topk
+        )
+        tree = reference.build_tree(
+            top.logp.unsqueeze(0),
+            top.ids.unsqueeze(0),
+            torch.tensor([context[-1]]),
+            torch.tensor([len(context)]),
+            self.budget,
+        )
+        tokens, parents = tree.tokens[0], tree.parents[0]
+        n = int(tree.num_nodes[0])
+        before_root = context[-2] if len(context) > 1 else 0
+        target = torch.zeros_like(tokens)
+        for i in range(n):  # the target's greedy token after each node's path
+            parent = int(parents[i])
+            prev = before_root if parent < 0 else int(tokens[parent])
+            target[i] = target_next(prev, int(tokens[i]))
+        walk = reference.verify_walk(
+            tokens.unsqueeze(0), parents.unsqueeze(0), target.unsqueeze(0), width
+        )
+        return [int(t) for t in walk.accept_tokens[0, : int(walk.accept_len[0])]]

@@ -1,0 +1,273 @@
+"""Stand-in SGLang HTTP server: the real (patched) argument parser, SGLang's JSON shapes, a toy model.
+
+TEST DOUBLE. A real SGLang server needs GPUs and gigabytes of kernels, so tests of the health
+and validation gates run this instead, as the systemd unit's `python -m standin` (the unit's
+`service.launch_module`). What is real: the command line is resolved by
+`sglang.srt.server_args.prepare_server_args` from the SGLang install on `sys.path` (patched with
+`patches/sglang/<release>/` by the test fixture), so an ExecStart real SGLang would refuse fails
+here too; the endpoints and their JSON fields follow SGLang 0.5.11's `http_server.py` and
+`tokenizer_manager.py`. What is a toy: the model (see `standin.model`).
+
+Faults, read from the environment before SGLang's parser runs, so the unit's environment file
+can inject them. Each applies only when the algorithm asked for is DDTREE, so the linear-DFlash
+baseline and every rollback stay healthy:
+
+- `STANDIN_START_DELAY_S`: seconds `/health` answers 503 while "loading" (any algorithm);
+- `STANDIN_FAULT=crash_loop`: exit 1 right after parsing (systemd restarts it, again and again);
+- `STANDIN_FAULT=slow_start`: "load" for `STANDIN_SLOW_START_S` (default 3600) seconds;
+- `STANDIN_FAULT=wrong_algorithm`: `/get_server_info` reports DFLASH (a silent fallback);
+- `STANDIN_FAULT=acceptance_collapse`: the draft gets no hidden states, acceptance drops to 1;
+- `STANDIN_FAULT=tree_divergence`: tree mode emits a wrong token at output position 5;
+- `STANDIN_FAULT=tree_slow`: a tree verify pass costs 4 x a chain pass (tree slower than linear).
+
+Timing: `STANDIN_STEP_S` (default 0.01) seconds per verify pass, `STANDIN_TREE_COST` (1.05) times
+that for a tree pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+from standin.model import Decoder, detokenize, tokenize
+
+FAULTS = (
+    "none",
+    "crash_loop",
+    "slow_start",
+    "wrong_algorithm",
+    "acceptance_collapse",
+    "tree_divergence",
+    "tree_slow",
+)
+_OPEN_PATHS = ("/health", "/health_generate", "/metrics")  # SGLang's API key middleware skips them
+
+log = logging.getLogger("standin")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    fault: str
+    start_delay_s: float
+    step_s: float
+    tree_cost: float
+
+    @classmethod
+    def from_env(cls) -> Knobs:
+        fault = os.environ.get("STANDIN_FAULT", "none")
+        if fault not in FAULTS:
+            raise SystemExit(f"standin: STANDIN_FAULT={fault!r} is not one of {FAULTS}")
+        return cls(
+            fault=fault,
+            start_delay_s=float(os.environ.get("STANDIN_START_DELAY_S", "0")),
+            step_s=float(os.environ.get("STANDIN_STEP_S", "0.01")),
+            tree_cost=float(os.environ.get("STANDIN_TREE_COST", "1.05")),
+        )
+
+
+class Service:
+    """The server's state: resolved arguments, the decoder, and SGLang-like counters."""
+
+    def __init__(self, server_args: Any, knobs: Knobs) -> None:
+        self.args = server_args
+        self.knobs = knobs
+        self.ddtree = server_args.speculative_algorithm == "DDTREE"
+        self.fault = knobs.fault if self.ddtree else "none"
+        delay = knobs.start_delay_s
+        if self.fault == "slow_start":
+            delay = max(delay, float(os.environ.get("STANDIN_SLOW_START_S", "3600")))
+        self.ready_at = time.monotonic() + delay
+        block = int(server_args.speculative_num_draft_tokens)
+        tree = self.ddtree and server_args.speculative_ddtree_mode == "tree"
+        self.decoder = Decoder(
+            block_size=block,
+            topk=int(server_args.speculative_ddtree_topk) if tree else 1,
+            budget=int(server_args.speculative_ddtree_budget) if tree else block - 1,
+            step_s=knobs.step_s,
+            tree_cost=4.0 if self.fault == "tree_slow" else knobs.tree_cost,
+            collapsed=self.fault == "acceptance_collapse",
+            diverge_at=5 if self.fault == "tree_divergence" and tree else None,
+        )
+        self.lock = threading.Lock()  # one "GPU": requests decode one at a time
+        self.accept_lengths: list[float] = []
+
+    @property
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+    def server_info(self) -> dict[str, Any]:
+        import sglang
+
+        info = {f.name: _plain(getattr(self.args, f.name)) for f in dataclasses.fields(self.args)}
+        if self.fault == "wrong_algorithm":
+            info["speculative_algorithm"] = "DFLASH"
+        recent = self.accept_lengths[-32:]
+        info["internal_states"] = [
+            {"avg_spec_accept_length": sum(recent) / len(recent) if recent else None}
+        ]
+        info["version"] = sglang.__version__
+        return info
+
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        params = body.get("sampling_params") or {}
+        prompt = tokenize(str(body.get("text", "")))
+        max_new = int(params.get("max_new_tokens", 128))
+        start = time.perf_counter()
+        with self.lock:
+            out = self.decoder.generate(prompt, max_new)
+        tokens = len(out.output_ids)
+        proposed = out.verify_ct * (self.decoder.block_size - 1)
+        self.accept_lengths.append(tokens / out.verify_ct)
+        return {
+            "text": detokenize(out.output_ids),
+            "output_ids": out.output_ids,
+            "meta_info": {
+                "id": uuid.uuid4().hex,
+                "finish_reason": {"type": "length", "length": max_new},
+                "prompt_tokens": len(prompt),
+                "weight_version": "default",
+                "completion_tokens": tokens,
+                "cached_tokens": 0,
+                "spec_accept_rate": out.accepted_drafts / proposed,
+                "spec_accept_length": tokens / out.verify_ct,
+                "spec_accepted_drafts": out.accepted_drafts,
+                "spec_proposed_drafts": proposed,
+                "spec_verify_ct": out.verify_ct,
+                "e2e_latency": time.perf_counter() - start,
+            },
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.args.model_path,
+            "tokenizer_path": self.args.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "qwen3",
+            "architectures": ["Qwen3ForCausalLM"],
+        }
+
+    def models(self) -> dict[str, Any]:
+        name = self.args.served_model_name or self.args.model_path
+        card = {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": name,
+            "max_model_len": self.args.context_length,
+        }
+        return {"object": "list", "data": [card]}
+
+
+def _plain(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+class Handler(BaseHTTPRequestHandler):
+    """SGLang's routes over the stdlib HTTP server (`service` is set per server by `_handler`)."""
+
+    protocol_version = "HTTP/1.1"
+    service: ClassVar[Service]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.info("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def _route(self, method: str) -> None:
+        service = self.service
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not self._authorized(path):
+            self._send(401, {"error": "Unauthorized"})
+        elif path in ("/health", "/health_generate"):
+            self._send(200 if service.ready else 503, None)
+        elif not service.ready:
+            self._send(503, {"error": "server is starting"})
+        elif (method, path) == ("POST", "/generate"):
+            self._send(200, service.generate(json.loads(raw or b"{}")))
+        elif method == "GET" and path in _GET_ROUTES:
+            self._send(200, getattr(service, _GET_ROUTES[path])())
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def _authorized(self, path: str) -> bool:
+        key = self.service.args.api_key
+        if not key or path in _OPEN_PATHS:
+            return True
+        return self.headers.get("Authorization") == f"Bearer {key}"
+
+    def _send(self, status: int, body: dict[str, Any] | None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        if body is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+_GET_ROUTES = {
+    "/get_server_info": "server_info",
+    "/server_info": "server_info",
+    "/get_model_info": "model_info",
+    "/model_info": "model_info",
+    "/v1/models": "models",
+}
+
+
+def _handler(service: Service) -> type[Handler]:
+    return type("BoundHandler", (Handler,), {"service": service})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse like `python -m sglang.launch_server`, then serve until killed."""
+    logging.basicConfig(level=logging.INFO, format="[standin] %(message)s", stream=sys.stdout)
+    knobs = Knobs.from_env()
+    import torch
+
+    torch.set_num_threads(1)  # one core per pass keeps the sleep-based timing dominant
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(list(sys.argv[1:] if argv is None else argv))
+    service = Service(args, knobs)
+    log.info(
+        "serving %s on %s:%s (algorithm %s, fault %s)",
+        args.model_path,
+        args.host,
+        args.port,
+        args.speculative_algorithm,
+        service.fault,
+    )
+    if service.fault == "crash_loop":
+        log.error("injected fault crash_loop: exiting")
+        return 1
+    server = ThreadingHTTPServer((args.host, int(args.port)), _handler(service))
+    server.daemon_threads = True
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
