@@ -1,0 +1,44 @@
+"""Lifecycle fixtures: one container host with a prepared SGLang venv bound in read-only.
+
+Preflight runs for real on it: the venv (and the Python and base venv it was made from) are
+this machine's staging venv, bound at the same paths, so the facts probe imports the real torch
+and reads the real SGLang version. The service runs `sglang_double.py` (a test double, see its
+docstring) through `service.launch_module`. Tests share the container; each uses its own unit
+name and state dir.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+import pytest
+from hostlab import Container, boot_container, ensure_rootfs, unavailable_reason
+
+from rollout.lab import DOUBLE_DIR, DOUBLE_MODULE, STAGING_VENV, LabHost, venv_binds
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[LabHost]:
+    reason = unavailable_reason(containers=True)
+    if reason is None and not (STAGING_VENV / "bin" / "python").exists():
+        reason = (
+            f"no prepared SGLang venv at {STAGING_VENV} (set DDTREE_TEST_SGLANG_VENV, or run "
+            "`ddtree-deploy host=local action=prepare` and point it there)"
+        )
+    if reason is not None:
+        if os.environ.get("DDTREE_REQUIRE_HOSTLAB") == "1":
+            pytest.fail(f"DDTREE_REQUIRE_HOSTLAB=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    container: Container = boot_container(ensure_rootfs(), binds_ro=venv_binds(STAGING_VENV))
+    try:
+        lab_host = LabHost(container.host, STAGING_VENV)
+        with lab_host.connect() as host:
+            host.write_atomic(
+                PurePosixPath(DOUBLE_DIR) / f"{DOUBLE_MODULE}.py",
+                (Path(__file__).parent / "sglang_double.py").read_text(),
+            )
+        yield lab_host
+    finally:
+        container.stop()

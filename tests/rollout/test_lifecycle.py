@@ -1,0 +1,69 @@
+"""Deploy, redeploy, rollback and status on a real systemd container reached over SSH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.rollout.pipeline import deploy
+from ddtree_deploy.rollout.rollback import rollback
+from ddtree_deploy.rollout.status import host_status
+from rollout.lab import LabHost, arg, double_record, journal_events, running_pid
+
+pytestmark = pytest.mark.nspawn
+
+
+def test_deploy_second_run_changes_nothing_and_budget_change_restarts_once(
+    lab: LabHost, tmp_path: Path
+) -> None:
+    name = "lc-idem"
+    with lab.connect() as host:
+        first = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host)
+        assert first.generation == 1
+        # A new unit file is loaded on demand, so the first run needs no daemon-reload.
+        assert [r.name for r in first.steps if r.status == "changed"] == [
+            "unit",
+            "enable",
+            "restart",
+        ]
+        pid = running_pid(host, name)
+        argv = double_record(host, name)["argv"]
+        assert arg(argv, "--speculative-algorithm") == "DDTREE"
+        assert arg(argv, "--speculative-ddtree-budget") == "12"
+
+        again = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host)
+        assert (again.generation, again.changed) == (1, 0)
+        assert running_pid(host, name) == pid
+
+        changed = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=8"), host)
+        assert changed.generation == 2
+        assert [r.name for r in changed.steps if r.status == "changed"] == [
+            "unit",
+            "daemon-reload",
+            "restart",
+        ]
+        assert arg(double_record(host, name)["argv"], "--speculative-ddtree-budget") == "8"
+        assert running_pid(host, name) != pid
+        assert journal_events(host, name).count("restart.done") == 2
+
+
+def test_rollback_returns_to_linear_dflash_and_status_reports_it(
+    lab: LabHost, tmp_path: Path
+) -> None:
+    name = "lc-rollback"
+    with lab.connect() as host:
+        deploy(lab.config(name, tmp_path, "algo=dflash"), host)
+        deploy(lab.config(name, tmp_path, "algo=ddtree"), host)
+        assert arg(double_record(host, name)["argv"], "--speculative-algorithm") == "DDTREE"
+
+        outcome = rollback(lab.config(name, tmp_path, "algo=ddtree"), host)
+        assert (outcome.from_generation, outcome.to_generation) == (2, 1)
+        argv = double_record(host, name)["argv"]
+        assert arg(argv, "--speculative-algorithm") == "DFLASH"
+        assert not any(a.startswith("--speculative-ddtree") for a in argv)
+        running_pid(host, name)
+
+        status = host_status(lab.config(name, tmp_path), host)
+        assert (status.generation, status.algo, status.drift) == (1, "DFLASH", ())
+        assert status.unit_state == "active (running)"
