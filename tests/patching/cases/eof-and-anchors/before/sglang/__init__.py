@@ -1,0 +1,1 @@
+"""A tiny stand-in package for engine tests."""

@@ -1,0 +1,96 @@
+"""Helpers for the patching tests: wheels, tree snapshots, case directories, real patch sets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddtree_deploy.patching.manifest import PatchSet, load_patch_set, patch_sets_root
+
+WHEEL_CACHE = Path.home() / ".cache" / "ddtree-deploy" / "wheels"
+CASES_DIR = Path(__file__).parent / "cases"
+REAL_RELEASES = ("0.5.11", "0.5.23")
+
+
+def wheel_path(release: str) -> Path:
+    """The cached wheel of `sglang==release`, downloading it once; skip without a network."""
+    found = sorted(WHEEL_CACHE.glob(f"sglang-{release}-*.whl"))
+    if not found:
+        WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", WHEEL_CACHE,
+             f"sglang=={release}"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        found = sorted(WHEEL_CACHE.glob(f"sglang-{release}-*.whl"))
+        if not found:
+            pytest.skip(f"cannot download sglang=={release}: {done.stderr.strip()[-200:]}")
+    return found[-1]
+
+
+def rewrite(path: Path, data: bytes) -> None:
+    """Change a file in a hard-linked tree without touching the session's copy."""
+    path.unlink()
+    path.write_bytes(data)
+
+
+def tree_bytes(site: Path) -> dict[str, bytes]:
+    """Every file under `site` with its bytes, for before/after comparisons."""
+    return {
+        str(p.relative_to(site)): p.read_bytes() for p in sorted(site.rglob("*")) if p.is_file()
+    }
+
+
+def real_patch_set(release: str) -> PatchSet:
+    """The colleague-written patch set for `release`; skip until it has landed."""
+    directory = patch_sets_root() / release
+    if not (directory / "series.yaml").is_file():
+        pytest.skip(f"patches/sglang/{release}/series.yaml has not landed yet")
+    return load_patch_set(directory)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One `tests/patching/cases/<name>/` directory: tree before, series, expected result."""
+
+    name: str
+    directory: Path
+    release: str
+    expect: str  # "applied" or "error"
+    error: str | None
+    offsets: dict[str, list[int]]
+
+    @property
+    def series_dir(self) -> Path:
+        return self.directory / "series"
+
+    @property
+    def before_dir(self) -> Path | None:
+        before = self.directory / "before"
+        return before if before.is_dir() else None
+
+    @property
+    def expected_dir(self) -> Path | None:
+        expected = self.directory / "expected"
+        return expected if expected.is_dir() else None
+
+
+def load_case(directory: Path) -> Case:
+    raw: dict[str, Any] = yaml.safe_load((directory / "case.yaml").read_text())
+    return Case(
+        name=directory.name,
+        directory=directory,
+        release=str(raw["release"]),
+        expect=str(raw["expect"]),
+        error=raw.get("error"),
+        offsets={str(k): list(v) for k, v in (raw.get("offsets") or {}).items()},
+    )
+
+
+ALL_CASES = [load_case(d) for d in sorted(CASES_DIR.iterdir()) if (d / "case.yaml").is_file()]
