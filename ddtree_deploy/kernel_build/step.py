@@ -268,7 +268,8 @@ class KernelsStep:
         if not result.ok or len(wheels) != 1:
             text = host.read_text(log) or result.tail(20)
             saved = self._store(host).put_blob(f"kernels-build-{key.slug}.log", text)
-            first = first_error(text) or f"exit code {result.exit_code}"
+            # Paths inside the deleted temp folder read better relative to kernels/.
+            first = first_error(text).replace(f"{src}/", "kernels/") or f"exit {result.exit_code}"
             emit("kernels.build.failed", host=host.name, key=key.slug, error=first, log=str(saved))
             raise KernelBuildFailed(
                 f"Building kernels {key.slug} failed on {host.name}: {first} "

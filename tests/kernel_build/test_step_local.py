@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 
+import pytest
+
+from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.kernel_build import (
+    KernelBuildFailed,
     KernelsStep,
     PlanStatus,
     ResultStatus,
@@ -79,3 +85,44 @@ def test_second_venv_with_same_abi_takes_the_wheel_from_the_cache(
     assert (result.status, result.source) == (ResultStatus.changed, WheelSource.cache)
     assert result.wheel_sha256 == built.wheel_sha256
     assert result.smoke.module_file.startswith(str(other_venv))
+
+
+def _break_cuda_sources(source: Path) -> None:
+    """One tiny .cu file with an undeclared name is the whole extension (a fast, failing compile)."""
+    setup = source / "setup.py"
+    text = setup.read_text()
+    broken = re.sub(r"^SOURCES = \[.*\]$", 'SOURCES = ["csrc/broken.cu"]', text, flags=re.M)
+    assert broken != text, "kernels/setup.py no longer lists SOURCES on one line"
+    setup.write_text(broken)
+    (source / "csrc" / "broken.cu").write_text("int broken() { return undeclared_name; }\n")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: the CUDA compile cannot run")
+def test_cuda_build_failure_keeps_previous_install_and_names_first_error(
+    reference_step: KernelsStep, tmp_path: Path
+) -> None:
+    host = LocalHost()
+    reference_step.apply(host)
+    state_path = Path(reference_step.state_dir, "state.json")
+    state_before = state_path.read_text()
+    origin_before = _import_origin(reference_step.python)
+
+    broken_source = tmp_path / "broken-kernels"
+    shutil.copytree(reference_step.source_dir, broken_source)
+    _break_cuda_sources(broken_source)
+    cuda_step = dataclasses.replace(
+        reference_step, staging=False, arch="sm_90", source_dir=broken_source
+    )
+    with pytest.raises(KernelBuildFailed) as caught:
+        cuda_step.apply(host)
+
+    message = str(caught.value)
+    assert 'kernels/csrc/broken.cu(1): error: identifier "undeclared_name" is undefined' in message
+    assert message.endswith("(the SGLang venv keeps its previous install).")
+    assert caught.value.exit_code == 7
+    key = cuda_step.key(probe_facts(host, cuda_step.python))
+    log = Path(reference_step.state_dir, "blobs", f"kernels-build-{key.slug}.log")
+    assert "undeclared_name" in log.read_text()
+    assert caught.value.hint == f"Full build log: {log} on local."
+    assert state_path.read_text() == state_before
+    assert _import_origin(reference_step.python) == origin_before

@@ -1,0 +1,40 @@
+"""The kernels step over real SSH (sshd in a network namespace, sharing this filesystem)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hostlab import TestHost
+
+from ddtree_deploy.hosts.ssh import SshHost
+from ddtree_deploy.kernel_build import KernelsStep, PlanStatus, ResultStatus, WheelSource
+
+pytestmark = pytest.mark.sshd
+
+
+@pytest.fixture
+def ssh_host(sshd_host: TestHost) -> Iterator[SshHost]:
+    host = SshHost(
+        sshd_host.name,
+        address=sshd_host.address,
+        port=sshd_host.port,
+        user=sshd_host.user,
+        key_file=str(sshd_host.key_path),
+    )
+    yield host
+    host.close()
+
+
+def test_reference_build_over_ssh_installs_and_records_state(
+    reference_step: KernelsStep, ssh_host: SshHost
+) -> None:
+    result = reference_step.apply(ssh_host)
+    assert (result.status, result.source) == (ResultStatus.changed, WheelSource.build)
+    assert result.smoke.passed
+    assert result.smoke.module_file.startswith(str(reference_step.python.parent.parent))
+    state = json.loads(Path(reference_step.state_dir, "state.json").read_text())
+    assert state["kernels"]["key"] == result.key.slug
+    assert reference_step.check(ssh_host).status is PlanStatus.ok
