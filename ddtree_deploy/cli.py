@@ -41,6 +41,7 @@ _HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
     "deploy": actions.deploy_action,
     "rollback": actions.rollback_action,
     "status": actions.status_action,
+    "build-kernels": actions.build_kernels_action,
 }
 
 
@@ -116,6 +117,8 @@ def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
         render.results_table(f"{cfg.action}: {cfg.host.name}", outcome.results)
     if outcome.status is not None:
         render.status_table(outcome.status)
+    if outcome.kernels is not None:
+        render.kernels_result(cfg.host.name, outcome.kernels)
     if outcome.summary is not None:
         console.print_line(outcome.summary, style="green")
 
@@ -123,7 +126,8 @@ def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
 def _progress(record: dict[str, object]) -> None:
     """Progress lines for long steps (events that carry a `message`)."""
     message = record.get("message")
-    if isinstance(message, str) and str(record.get("event", "")).startswith("prepare."):
+    event = str(record.get("event", ""))
+    if isinstance(message, str) and event.startswith(("prepare.", "kernels.")):
         console.stderr.print(f"[dim]>[/] {message}", highlight=False)
 
 

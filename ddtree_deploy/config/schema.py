@@ -241,7 +241,16 @@ class RollbackConfig:
     revert_patches: bool = False
 
 
-ACTIONS = ("plan", "facts", "prepare", "render", "deploy", "rollback", "status")
+ACTIONS = (
+    "plan",
+    "facts",
+    "prepare",
+    "render",
+    "deploy",
+    "rollback",
+    "status",
+    "build-kernels",
+)
 
 
 @dataclass

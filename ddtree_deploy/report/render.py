@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ddtree_deploy.hosts.facts import HostFacts
+from ddtree_deploy.kernel_build import KernelsResult
 from ddtree_deploy.report import console
 from ddtree_deploy.rollout.actions import PlannedStep
 from ddtree_deploy.rollout.preflight import PreflightReport, Verdict
@@ -86,3 +87,18 @@ def status_table(status: HostStatus) -> None:
         ("drift", "; ".join(status.drift) or "none"),
     ]
     console.print_table(f"status: {status.host}", ("what", "value"), rows)
+
+
+def kernels_result(host: str, result: KernelsResult) -> None:
+    """What action=build-kernels did: the key, cache hit or miss, the path ops take, the smoke."""
+    source = {"installed": "already installed", "cache": "hit", "build": "miss (built on host)"}
+    path = result.key.variant + (" (staging: no GPU)" if result.staging else "")
+    rows = [
+        ("key", result.key.slug),
+        ("cache", source[result.source.value]),
+        ("path", path),
+        ("smoke", result.smoke.summary),
+        ("wheel sha256", result.wheel_sha256),
+        ("result", result.status.value),
+    ]
+    console.print_table(f"kernels: {host}", ("item", "value"), rows)

@@ -14,6 +14,7 @@ from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.hosts.staging import StagingResult, prepare_staging_venv
+from ddtree_deploy.kernel_build import KernelsResult, KernelsStep
 from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
 from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.pipeline import deploy, prepare
@@ -49,6 +50,7 @@ class ActionOutcome:
     results: list[PlannedStep] = field(default_factory=list)  # what deploy/rollback did
     summary: str | None = None  # one recap line
     status: HostStatus | None = None
+    kernels: KernelsResult | None = None  # action=build-kernels
 
 
 def gather_facts(cfg: DeployConfig) -> HostFacts:
@@ -68,10 +70,25 @@ def plan_action(cfg: DeployConfig) -> ActionOutcome:
     facts = gather_facts(cfg)
     report = run_preflight(cfg, facts)
     emit("preflight", refusals=report.refusals)
-    steps = [_patch_step_plan(cfg, facts), *_service_step_plans(cfg)]
+    steps = [
+        _patch_step_plan(cfg, facts),
+        _kernels_step_plan(cfg, facts),
+        *_service_step_plans(cfg),
+    ]
     return ActionOutcome(
         exit_code=0 if not report.refusals else 4, facts=facts, preflight=report, steps=steps
     )
+
+
+def build_kernels_action(cfg: DeployConfig) -> ActionOutcome:
+    """Preflight, then build (or reuse), install and smoke-test the kernels on the host."""
+    with connect(cfg.host) as host:
+        facts = probe_facts(host, sglang_python(cfg))
+        report = run_preflight(cfg, facts)
+        emit("preflight", refusals=report.refusals)
+        report.raise_if_refused()
+        result = KernelsStep.from_config(cfg).apply(host, facts)
+    return ActionOutcome(facts=facts, preflight=report, kernels=result)
 
 
 def render_action(cfg: DeployConfig) -> ActionOutcome:
@@ -144,6 +161,12 @@ def prepare_action(cfg: DeployConfig) -> ActionOutcome:
             requirements=cfg.sglang.staging_requirements,
         )
     return ActionOutcome(staging=result)
+
+
+def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts) -> PlannedStep:
+    with connect(cfg.host) as host:
+        plan = KernelsStep.from_config(cfg).check(host, facts)
+    return PlannedStep(KernelsStep.name, plan.status.value, plan.reason)
 
 
 def _patch_step_plan(cfg: DeployConfig, facts: HostFacts) -> PlannedStep:
