@@ -16,10 +16,12 @@ from pathlib import Path
 
 from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
 from ddtree_deploy.errors import DeployError
-from ddtree_deploy.report import console, render
+from ddtree_deploy.report import console, render, run_report
 from ddtree_deploy.report.events import JsonLinesSink, emit, sink_installed
 from ddtree_deploy.rollout import actions
 from ddtree_deploy.rollout.actions import ActionOutcome
+from ddtree_deploy.rollout.validation_flow import ValidationFailed
+from ddtree_deploy.validate.record import ValidationRecord
 
 USAGE = f"""usage: ddtree-deploy [KEY=VALUE ...]
 
@@ -67,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sink = JsonLinesSink(run_dir / "events.jsonl")
         try:
             with sink_installed(sink), sink_installed(_progress):
-                return _run(cfg, args)
+                return _run(cfg, args, run_dir)
         finally:
             sink.close()
             root_logger.removeHandler(log_handler)
@@ -85,14 +87,18 @@ def entrypoint() -> None:
     sys.exit(main())
 
 
-def _run(cfg: DeployConfig, args: list[str]) -> int:
+def _run(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
     emit("run.start", action=cfg.action, host=cfg.host.name, overrides=args)
     try:
         outcome = _HANDLERS[cfg.action](cfg)
     except DeployError as err:
+        if isinstance(err, ValidationFailed):  # the report is written for failures too
+            _write_report(run_dir, err.record)
         emit("run.failed", error=str(err), kind=type(err).__name__)
         raise
     _render(cfg, outcome)
+    if outcome.validation is not None:
+        _write_report(run_dir, outcome.validation)
     emit("run.end", exit_code=outcome.exit_code)
     return outcome.exit_code
 
@@ -121,6 +127,13 @@ def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
         render.kernels_result(cfg.host.name, outcome.kernels)
     if outcome.summary is not None:
         console.print_line(outcome.summary, style="green")
+
+
+def _write_report(run_dir: Path, record: ValidationRecord) -> None:
+    data = record.to_dict()
+    json_path, md_path = run_report.write_run_report(run_dir, data)
+    run_report.print_gates(data)
+    console.print_line(f"report: {md_path} and {json_path.name}")
 
 
 def _progress(record: dict[str, object]) -> None:

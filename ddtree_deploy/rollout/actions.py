@@ -17,14 +17,16 @@ from ddtree_deploy.hosts.staging import StagingResult, prepare_staging_venv
 from ddtree_deploy.kernel_build import KernelsResult, KernelsStep
 from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
 from ddtree_deploy.report.events import emit
-from ddtree_deploy.rollout.pipeline import deploy, prepare
+from ddtree_deploy.rollout.pipeline import prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status
 from ddtree_deploy.rollout.steps import check_steps
+from ddtree_deploy.rollout.validation_flow import deploy_validated
 from ddtree_deploy.service.lint import LintReport, lint_unit
-from ddtree_deploy.service.render import RenderedService, render_service
+from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
 from ddtree_deploy.service.secret import load_api_key
+from ddtree_deploy.validate.record import ValidationRecord
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class ActionOutcome:
     summary: str | None = None  # one recap line
     status: HostStatus | None = None
     kernels: KernelsResult | None = None  # action=build-kernels
+    validation: ValidationRecord | None = None  # the gates' record (action=deploy)
 
 
 def gather_facts(cfg: DeployConfig) -> HostFacts:
@@ -100,9 +103,10 @@ def render_action(cfg: DeployConfig) -> ActionOutcome:
 
 
 def deploy_action(cfg: DeployConfig) -> ActionOutcome:
-    """Run the deploy pipeline on the configured host."""
+    """Run the deploy pipeline on the configured host, through the validation gates."""
+    record = ValidationRecord(cfg.host.name, algo_summary(cfg))
     with connect(cfg.host) as host:
-        outcome = deploy(cfg, host)
+        outcome = deploy_validated(cfg, host, record)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     where = f"generation {outcome.generation}" if outcome.generation else "no generation"
     return ActionOutcome(
@@ -110,6 +114,7 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
         lint=outcome.lint,
         results=results,
         summary=f"{cfg.host.name}: {outcome.changed} step(s) changed; {where} is current.",
+        validation=record,
     )
 
 

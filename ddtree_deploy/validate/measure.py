@@ -104,6 +104,9 @@ class Measurement:
         return cls(label=str(data["label"]), results=results)
 
 
+WARMUP_TOKENS = 8
+
+
 def measure(
     client: SglangClient,
     prompts: Sequence[PromptConfig],
@@ -112,8 +115,10 @@ def measure(
     repeats: int,
     timeout_s: float,
 ) -> Measurement:
-    """Answer every prompt `repeats` times; `ValidationError` past `timeout_s` in all."""
+    """Answer every prompt `repeats` times after a warm-up; `ValidationError` past `timeout_s`."""
     deadline = time.monotonic() + timeout_s
+    if prompts:  # one short, uncounted request first: every measurement starts warm
+        client.generate(prompts[0].text, WARMUP_TOKENS)
     results = []
     for repeat in range(repeats):
         for prompt in prompts:

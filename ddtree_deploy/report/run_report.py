@@ -1,0 +1,67 @@
+"""The validation run report: `report.json` and `report.md` (from templates/run-report.md.j2).
+
+Both are written from `ValidationRecord.to_dict()`, which holds figures and sentences only (the
+API key never reaches the record).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from ddtree_deploy.report import console
+
+TEMPLATE = "run-report.md.j2"
+
+
+def _load_template(name: str) -> str:
+    return (importlib.resources.files("ddtree_deploy.templates") / name).read_text()
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _figures(figures: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in figures.items() if k != "per_prompt")
+
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FunctionLoader(_load_template),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    autoescape=False,  # Markdown, not HTML
+)
+_ENV.filters["cell"] = _cell
+_ENV.filters["figures"] = _figures
+
+
+def render_markdown(record: dict[str, Any]) -> str:
+    return _ENV.get_template(TEMPLATE).render(r=record)
+
+
+def write_run_report(run_dir: Path, record: dict[str, Any]) -> tuple[Path, Path]:
+    """Write `report.json` and `report.md` under `run_dir`; returns both paths."""
+    json_path, md_path = run_dir / "report.json", run_dir / "report.md"
+    json_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    md_path.write_text(render_markdown(record))
+    return json_path, md_path
+
+
+def print_gates(record: dict[str, Any]) -> None:
+    """One table row per gate, phase by phase, then the decision."""
+    rows = [
+        (phase["name"], gate["gate"], gate["outcome"], gate["sentence"])
+        for phase in record["phases"]
+        for gate in phase["gates"]
+    ]
+    if rows:
+        console.print_table(
+            f"validation: {record['host']}", ("phase", "gate", "outcome", "result"), rows
+        )
+    style = "green" if record["decision"] in ("promote", "unchanged") else "red"
+    console.print_line(f"decision: {record['decision']}: {record['sentence']}", style=style)

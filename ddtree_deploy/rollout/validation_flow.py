@@ -1,0 +1,386 @@
+"""A validated deploy: baseline on linear DFlash, then shadow-linear, then tree, then promote.
+
+The order (ARCHITECTURE "Validation gates"): the running linear-DFlash service answers the
+prompt set (the baseline, stored in its generation); the pipeline switches to DDTREE
+shadow_linear and runs the polled gates plus the shadow-linear gate; then to tree mode with the
+polled gates plus the tree gate; then the tree generation is promoted. `algo=dflash` runs the
+polled gates and records a fresh baseline; `algo=ddtree_shadow` stops after shadow-linear.
+
+Any failed gate raises inside the pipeline, which rolls back; this flow then keeps rolling back
+until linear DFlash serves again and proves it with the same polled gates. An inconclusive gate
+does what `validation.on_inconclusive` says. A run killed mid-validation leaves its generation
+in progress; the next run reuses the stored baseline and finishes it (or rolls it back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import PurePosixPath
+from typing import Any
+
+from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.report.events import emit
+from ddtree_deploy.rollout.generations import GenerationStore, config_hash
+from ddtree_deploy.rollout.killpoints import boundary
+from ddtree_deploy.rollout.pipeline import DeployOutcome, GateContext, deploy
+from ddtree_deploy.rollout.rollback import rollback
+from ddtree_deploy.service.render import algo_summary
+from ddtree_deploy.service.secret import Secret, load_api_key
+from ddtree_deploy.validate.errors import ValidationError
+from ddtree_deploy.validate.gates import (
+    Decision,
+    GateResult,
+    Outcome,
+    decide,
+    deciding_gate,
+    judge_shadow,
+    judge_tree,
+)
+from ddtree_deploy.validate.measure import Measurement, measure
+from ddtree_deploy.validate.probes import Expected, ServiceProbe
+from ddtree_deploy.validate.record import ValidationRecord
+
+BASELINE_FILE = "baseline.json"
+MAX_ROLLBACKS = 3  # tree -> shadow -> linear is two; one spare for a resumed run
+
+
+class GateFailed(ValidationError):
+    """A gate failed (or was inconclusive under on_inconclusive=rollback) inside the pipeline."""
+
+
+class ValidationFailed(ValidationError):
+    """The validated deploy did not promote; carries the record for the run report."""
+
+    def __init__(self, message: str, record: ValidationRecord, *, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.record = record
+
+
+class ValidationPaused(ValidationFailed):
+    """An inconclusive gate under on_inconclusive=pause: the generation serves, unpromoted."""
+
+    exit_code = 9
+
+
+Judge = Callable[[ServiceProbe, GateContext], tuple[list[GateResult], Measurement | None]]
+
+
+def deploy_validated(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> DeployOutcome:
+    """Deploy `cfg` through the gates its algorithm needs; raise `ValidationFailed` if not promoted.
+
+    Host effects: the pipeline's (generations, unit, restarts), a `baseline.json` in the
+    linear-DFlash generation, a `validation.json` in the promoted one. Idempotent: a host that
+    already runs `cfg` is left alone (no gates, decision `unchanged`).
+    """
+    api_key = load_api_key(cfg.service)
+    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    state = generations.state()
+    if state["in_progress"] is None and state.get("config_hash") == config_hash(cfg):
+        outcome = deploy(cfg, host, gates=[])
+        record.decide("unchanged", f"{cfg.host.name} already runs {algo_summary(cfg)}.")
+        return outcome
+    if state["in_progress"] is not None:
+        record.notes.append(
+            f"Generation {state['in_progress']['generation']} was left in progress by a killed "
+            "run; this run finishes it through the gates (or rolls it back)."
+        )
+    if not cfg.host.systemd:
+        return deploy(cfg, host, gates=[])
+    if cfg.algo.name is Algo.DFLASH:
+        outcome = _phase(cfg, host, api_key, record, "linear", _record_baseline)
+        record.decide(Decision.promote, f"Linear DFlash serves on {cfg.host.name}; baseline kept.")
+        return outcome
+    baseline = _baseline(cfg, host, api_key, generations, record)
+    shadow_cfg = _variant(cfg, TreeMode.shadow_linear)
+    outcome = _phase(shadow_cfg, host, api_key, record, "shadow_linear", _shadow_judge(baseline))
+    if cfg.algo.mode is TreeMode.tree:
+        outcome = _phase(cfg, host, api_key, record, "tree", _tree_judge(baseline))
+    _promote(cfg, host, generations, outcome, record)
+    return outcome
+
+
+def _variant(cfg: DeployConfig, mode: TreeMode) -> DeployConfig:
+    algo = cfg.algo
+    if mode is TreeMode.shadow_linear:
+        algo = dataclasses.replace(algo, mode=mode, topk=1, budget=algo.block_size - 1)
+    return dataclasses.replace(cfg, algo=algo)
+
+
+def _linear(cfg: DeployConfig) -> DeployConfig:
+    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
+
+
+# -- one phase: deploy a configuration through its gates -----------------------------------------
+
+
+def _phase(
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    record: ValidationRecord,
+    name: str,
+    judge: Judge,
+) -> DeployOutcome:
+    """Deploy `cfg` with the polled gates plus `judge`; roll back and prove it on failure."""
+    emit("validate.phase", phase=name, algo=algo_summary(cfg))
+    seen: list[GateResult] = []
+    paused: list[GateResult] = []
+
+    def gate(ctx: GateContext) -> None:
+        probe = ServiceProbe(ctx.cfg, ctx.host, ctx.api_key)
+        results = probe.first_gates(Expected.of(ctx.cfg))
+        measurement = None
+        if all(r.outcome is Outcome.passed for r in results):
+            boundary(f"validate.{name}")
+            extra, measurement = judge(probe, ctx)
+            results += extra
+        seen.extend(results)
+        record.add(name, algo_summary(ctx.cfg), ctx.generation, results, measurement)
+        for result in results:
+            emit("validate.gate", phase=name, **result.to_dict())
+        decision = decide(results, cfg.validation.on_inconclusive)
+        stopper = deciding_gate(results)
+        if decision is Decision.rollback and stopper is not None:
+            raise GateFailed(
+                f"Gate {stopper.gate} {stopper.outcome.value} on {ctx.host.name} "
+                f"({algo_summary(ctx.cfg)}): {stopper.sentence}"
+            )
+        if decision is Decision.pause and stopper is not None:
+            paused.append(stopper)
+
+    try:
+        outcome = deploy(cfg, host, gates=[gate])
+    except DeployError as err:
+        cause = err.__cause__ if isinstance(err.__cause__, DeployError) else err
+        if not seen:  # the unit never came up, so no gate ran: that is the unit gate failing
+            first = str(cause).split("\n", 1)[0]
+            gate_result = GateResult("unit_active", Outcome.failed, first)
+            record.add(name, algo_summary(cfg), None, [gate_result])
+        raise _after_failure(cfg, host, api_key, record, cause, err) from err
+    if paused:
+        stopper = paused[0]
+        sentence = (
+            f"Gate {stopper.gate} was inconclusive on {cfg.host.name} ({stopper.sentence}); "
+            f"generation {outcome.generation} keeps serving unpromoted "
+            "(validation.on_inconclusive=pause)."
+        )
+        record.decide(Decision.pause, sentence)
+        raise ValidationPaused(
+            sentence,
+            record,
+            hint="Promote with validation.on_inconclusive=promote, or run action=rollback.",
+        )
+    return outcome
+
+
+def _after_failure(
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    record: ValidationRecord,
+    cause: DeployError,
+    raised: DeployError,
+) -> ValidationFailed:
+    """Finish the rollback to linear DFlash, prove it, and build the error the CLI prints."""
+    reason = str(cause).split("\n", 1)[0]
+    if not cfg.rollout.rollback_on_failure:
+        record.decide("failed", reason)
+        return ValidationFailed(
+            f"{reason} Not rolled back (rollout.rollback_on_failure=false).", record
+        )
+    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    try:
+        for _ in range(MAX_ROLLBACKS):
+            state = generations.state()
+            if state.get("algo") in (None, Algo.DFLASH.value) and state["in_progress"] is None:
+                break
+            rollback(cfg, host)
+        state = generations.state()
+    except DeployError as err:
+        record.decide("failed", f"{reason} Rolling back failed too: {err}")
+        return ValidationFailed(record.sentence, record, hint=raised.hint)
+    record.rolled_back_to = state["generation"]
+    linear = _linear(cfg)
+    proof = ServiceProbe(linear, host, api_key).first_gates(Expected.of(linear))
+    record.add("rollback_proof", algo_summary(linear), state["generation"], proof)
+    healthy = all(r.outcome is Outcome.passed for r in proof)
+    verdict = (
+        "which passed the health gates"
+        if healthy
+        else f"which is NOT healthy: {proof[-1].gate} {proof[-1].sentence}"
+    )
+    back = f"Rolled back to generation {state['generation']} (linear DFLASH)"
+    sentence = f"{reason} {back}, {verdict}."
+    record.decide(Decision.rollback, sentence)
+    return ValidationFailed(sentence, record, hint=raised.hint)
+
+
+# -- baseline ------------------------------------------------------------------------------------
+
+
+def prompts_hash(cfg: DeployConfig) -> str:
+    """Identifies the prompt set a baseline answered (a stored one is reused only for the same)."""
+    data = [dataclasses.asdict(p) for p in cfg.validation.prompts]
+    data.append({"repeats": cfg.validation.repeats})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _measure(probe: ServiceProbe, label: str, timing_gate: str) -> Measurement:
+    val = probe.cfg.validation
+    timing = getattr(val, timing_gate)
+    with probe.client() as client:
+        return measure(
+            client, val.prompts, label=label, repeats=val.repeats, timeout_s=timing.timeout_s
+        )
+
+
+def _baseline_path(cfg: DeployConfig, generation: int | None) -> PurePosixPath:
+    return PurePosixPath(cfg.host.state_dir) / "generations" / str(generation or 0) / BASELINE_FILE
+
+
+def _store_baseline(
+    cfg: DeployConfig, host: ShellHost, generation: int | None, baseline: Measurement
+) -> None:
+    data = {"prompts_hash": prompts_hash(cfg), "measurement": baseline.to_dict()}
+    host.write_atomic(
+        _baseline_path(cfg, generation), json.dumps(data) + "\n", mode=0o600, sudo=True
+    )
+    emit("validate.baseline.stored", generation=generation, **baseline.summary())
+
+
+def _load_baseline(cfg: DeployConfig, host: ShellHost, generation: int) -> Measurement | None:
+    text = host.read_text(_baseline_path(cfg, generation), sudo=True)
+    if text is None:
+        return None
+    data: dict[str, Any] = json.loads(text)
+    if data.get("prompts_hash") != prompts_hash(cfg):
+        return None
+    return Measurement.from_dict(data["measurement"])
+
+
+def _record_baseline(
+    probe: ServiceProbe, ctx: GateContext
+) -> tuple[list[GateResult], Measurement | None]:
+    """The gate of an `algo=dflash` deploy: measure the new linear service and keep it."""
+    baseline = _measure(probe, "linear DFlash", "baseline")
+    _store_baseline(ctx.cfg, ctx.host, ctx.generation, baseline)
+    return [_baseline_result(baseline)], baseline
+
+
+def _baseline_result(baseline: Measurement) -> GateResult:
+    accept = baseline.mean_accept_length
+    return GateResult(
+        "baseline",
+        Outcome.passed,
+        f"Linear DFlash answered {len(baseline.first_pass)} prompts: "
+        f"{baseline.tokens_per_s:.1f} tok/s, acceptance "
+        + (f"{accept:.2f}." if accept is not None else "not reported."),
+        {k: v for k, v in baseline.summary().items() if k != "per_prompt"},
+    )
+
+
+def _baseline(
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    generations: GenerationStore,
+    record: ValidationRecord,
+) -> Measurement:
+    """Measure the running linear-DFlash service, or reuse what a killed run stored."""
+    state = generations.state()
+    current = state["generation"]
+    if state["in_progress"] is None and state.get("algo") in (None, Algo.DFLASH.value):
+        linear = _linear(cfg)
+        probe = ServiceProbe(linear, host, api_key)
+        gates = probe.first_gates(Expected.of(linear))
+        if any(g.outcome is not Outcome.passed for g in gates):
+            record.add("baseline", algo_summary(linear), current, gates)
+            bad = deciding_gate(gates) or gates[-1]
+            sentence = (
+                f"The linear-DFlash service on {cfg.host.name} fails gate {bad.gate} before any "
+                f"change ({bad.sentence}); nothing was changed."
+            )
+            record.decide("failed", sentence)
+            raise ValidationFailed(sentence, record)
+        baseline = _measure(probe, "linear DFlash", "baseline")
+        _store_baseline(cfg, host, current, baseline)
+        record.add(
+            "baseline",
+            algo_summary(linear),
+            current,
+            [*gates, _baseline_result(baseline)],
+            baseline,
+        )
+        boundary("validate.baseline")
+        return baseline
+    for number in reversed([*state["lineage"], 0]):
+        meta = generations.meta(number) if number else None
+        if number and (meta is None or meta.algo != Algo.DFLASH.value):
+            continue
+        stored = _load_baseline(cfg, host, number)
+        if stored is not None:
+            record.notes.append(f"Baseline reused from generation {number} (stored earlier).")
+            record.add(
+                "baseline", "linear DFlash (stored)", number, [_baseline_result(stored)], stored
+            )
+            return stored
+    sentence = (
+        f"{cfg.host.name} does not serve linear DFlash now and has no stored baseline for this "
+        "prompt set; deploy algo=dflash first, then algo=ddtree."
+    )
+    record.decide("failed", sentence)
+    raise ValidationFailed(sentence, record)
+
+
+# -- the measured gates ---------------------------------------------------------------------------
+
+
+def _shadow_judge(baseline: Measurement) -> Judge:
+    def judge(probe: ServiceProbe, ctx: GateContext) -> tuple[list[GateResult], Measurement]:
+        val = ctx.cfg.validation
+        shadow = _measure(probe, "DDTREE shadow_linear", "shadow_linear")
+        result = judge_shadow(
+            baseline, shadow, tolerance=val.acceptance_tolerance, collapse_ratio=val.collapse_ratio
+        )
+        return [result], shadow
+
+    return judge
+
+
+def _tree_judge(baseline: Measurement) -> Judge:
+    def judge(probe: ServiceProbe, ctx: GateContext) -> tuple[list[GateResult], Measurement]:
+        val = ctx.cfg.validation
+        tree = _measure(probe, "DDTREE tree", "tree")
+        result = judge_tree(
+            baseline,
+            tree,
+            min_speedup=val.min_speedup,
+            min_tokens=val.min_measured_tokens,
+            hybrid=ctx.cfg.model.hybrid,
+            hybrid_policy=val.hybrid_divergence,
+        )
+        return [result], tree
+
+    return judge
+
+
+def _promote(
+    cfg: DeployConfig,
+    host: ShellHost,
+    generations: GenerationStore,
+    outcome: DeployOutcome,
+    record: ValidationRecord,
+) -> None:
+    """Record the passed validation beside the promoted generation."""
+    number = outcome.generation
+    sentence = f"{cfg.host.name} promoted generation {number} ({algo_summary(cfg)})."
+    record.decide(Decision.promote, sentence)
+    path = PurePosixPath(cfg.host.state_dir) / "generations" / str(number) / "validation.json"
+    host.write_atomic(path, json.dumps(record.to_dict()) + "\n", mode=0o600, sudo=True)
+    generations.journal("validation.promoted", generation=number)
+    emit("validate.promoted", generation=number)

@@ -1,0 +1,108 @@
+"""Where the stand-in runs: a venv on this machine with patched SGLang, bound into a container.
+
+TEST DOUBLE support. `build_standin_venv()` makes, under `~/.cache/ddtree-deploy/standin/`:
+
+- `patched/sglang/`: a copy of the SGLang package of a prepared SGLang venv (the staging venv
+  that `ddtree-deploy host=local action=prepare` builds, or the patching tests' dev venv),
+  patched with `patches/sglang/<release>/*.patch` by `patch -p1 --fuzz=0`; the source venv is
+  only read, never modified;
+- `venv/`: a venv of the same Python whose `standin.pth` puts, in order, the patched copy, the
+  project's `kernels/` (for `ddtree_kernels.reference`), `tests/` (for `standin`) and the source
+  venv's site-packages (torch, transformers...) on `sys.path`.
+
+`binds()` lists what a container needs read-only at the same paths (systemd-nspawn
+`--bind-ro`), so the unit's `ExecStart=<venv>/bin/python -m standin` runs inside it. It lives
+under the home directory because the unit's `PrivateTmp=yes` hides the host's /var/tmp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PATCHES = REPO / "patches" / "sglang"
+ROOT = Path.home() / ".cache" / "ddtree-deploy" / "standin"
+_CANDIDATES = (
+    Path(os.environ.get("DDTREE_TEST_SGLANG_VENV", "/nonexistent")),
+    Path.home() / ".local/share/ddtree-deploy/local/sglang-0.5.11",
+    Path.home() / ".cache/ddtree-deploy/dev/sglang-0.5.11",
+)
+MODEL_DIR = "/opt/standin-models"
+
+
+def source_venv() -> Path | None:
+    """The first prepared SGLang venv whose Python imports sglang and torch, or None."""
+    for venv in _CANDIDATES:
+        python = venv / "bin" / "python"
+        if python.exists() and _imports(python, "sglang, torch"):
+            return venv
+    return None
+
+
+def _imports(python: Path, modules: str) -> bool:
+    probe = subprocess.run(
+        [str(python), "-c", f"import {modules}"],
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    return probe.returncode == 0
+
+
+def _site_dirs(python: Path) -> list[str]:
+    out = subprocess.run(
+        [str(python), "-c", "import sys; print('\\n'.join(p for p in sys.path if p))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line for line in out.splitlines() if "site-packages" in line]
+
+
+def build_standin_venv(source: Path, release: str = "0.5.11") -> Path:
+    """Build (or reuse) the stand-in venv for `source`; returns its root."""
+    python = source / "bin" / "python"
+    sites = _site_dirs(python)
+    sglang_dir = next(Path(s) / "sglang" for s in sites if (Path(s) / "sglang").is_dir())
+    patch_files = sorted((PATCHES / release).glob("*.patch"))
+    key = hashlib.sha256(
+        "".join([str(source), *sites, *(p.read_text() for p in patch_files)]).encode()
+    ).hexdigest()[:12]
+    root = ROOT / key
+    if (root / "ready").exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    patched = root / "patched"
+    shutil.copytree(sglang_dir, patched / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    for patch in patch_files:
+        common = ["patch", "-p1", "--fuzz=0", "--force", "-s", "-i", str(patch)]
+        applied = subprocess.run([*common, "-R", "--dry-run"], cwd=patched, capture_output=True)
+        if applied.returncode != 0:  # the source venv may already carry the patch set
+            subprocess.run(common, cwd=patched, check=True)
+    base = Path(os.path.realpath(python))
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    site = next((root / "venv").glob("lib/python*")) / "site-packages"
+    lines = [str(patched), str(REPO / "kernels"), str(REPO / "tests"), *sites]
+    (site / "standin.pth").write_text("\n".join(lines) + "\n")
+    (root / "ready").write_text(str(source) + "\n")
+    return root
+
+
+def binds(root: Path, source: Path) -> list[Path]:
+    """Read-only binds a container needs to run `<root>/venv/bin/python -m standin`."""
+    python = source / "bin" / "python"
+    wanted = [root, REPO / "kernels", REPO / "tests", source]
+    wanted.append(Path(os.path.realpath(python)).parents[1])  # the Python install itself
+    for site in _site_dirs(python):
+        venv = next((p for p in Path(site).parents if (p / "pyvenv.cfg").exists()), None)
+        if venv is not None:
+            wanted.append(venv)
+    unique: list[Path] = []
+    for path in wanted:
+        if not any(path == u or u in path.parents for u in unique):
+            unique = [u for u in unique if path not in u.parents] + [path]
+    return unique
