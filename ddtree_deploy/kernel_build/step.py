@@ -214,10 +214,13 @@ class KernelsStep:
         source = WheelSource.cache if cached is not None else WheelSource.build
         emit("kernels.cache", host=host.name, key=key.slug, hit=cached is not None)
         if cached is None:
-            name, data = self._build(host, key, workdir)
-            cached = cache.put(key, name, data, built_on=host.name)
-        kept = self.state_dir / "kernels" / key.slug / cached.path.name
-        host.write_atomic(kept, cached.path.read_bytes(), mode=0o644, sudo=True)
+            built, data = self._build(host, key, workdir)
+            cached = cache.put(key, built.name, data, built_on=host.name)
+            kept = self.state_dir / "kernels" / key.slug / built.name
+            host.run(["install", "-D", "-m", "644", "--", str(built), str(kept)], sudo=True)
+        else:
+            kept = self.state_dir / "kernels" / key.slug / cached.path.name
+            host.write_atomic(kept, cached.path.read_bytes(), mode=0o644, sudo=True)
         stage = workdir / "stage"
         self._pip(host, "install", "--no-deps", "--no-index", "--target", str(stage), str(kept))
         self._smoke(host, key, pythonpath=stage)  # before the venv is touched
@@ -246,8 +249,10 @@ class KernelsStep:
             ResultStatus.changed, reason, key, source, cached.sha256, smoke, self.staging
         )
 
-    def _build(self, host: ShellHost, key: KernelKey, workdir: PurePosixPath) -> tuple[str, bytes]:
-        """Ship the sources, run `pip wheel` on the host; the wheel's name and bytes."""
+    def _build(
+        self, host: ShellHost, key: KernelKey, workdir: PurePosixPath
+    ) -> tuple[PurePosixPath, bytes]:
+        """Ship the sources, run `pip wheel` on the host; the wheel's path there and its bytes."""
         src, out, log = workdir / "src", workdir / "wheel", workdir / "build.log"
         host.write_atomic(workdir / "src.tar", source_tarball(self.source_dir))
         host.run(["mkdir", "-p", "--", str(src), str(out)])
@@ -276,10 +281,11 @@ class KernelsStep:
                 "(the SGLang venv keeps its previous install).",
                 hint=f"Full build log: {saved} on {host.name}.",
             )
-        data = host.read_bytes(PurePosixPath(wheels[0]))
+        wheel = PurePosixPath(wheels[0])
+        data = host.read_bytes(wheel)
         assert data is not None, "find just listed the wheel"
         emit("kernels.built", host=host.name, key=key.slug, bytes=len(data))
-        return PurePosixPath(wheels[0]).name, data
+        return wheel, data
 
     def _smoke(
         self, host: ShellHost, key: KernelKey, *, pythonpath: PurePosixPath | None

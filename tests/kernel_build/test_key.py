@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ def test_key_is_stable_for_equal_inputs() -> None:
         ("source_sha256", "ac" + "ab" * 31),
     ],
 )
-def test_key_changes_when_one_component_changes(field: str, value: object) -> None:
+def test_key_changes_when_one_component_changes(field: str, value: Any) -> None:
     other = dataclasses.replace(BASE, **{field: value})
     assert other.digest != BASE.digest
     assert other.slug != BASE.slug
