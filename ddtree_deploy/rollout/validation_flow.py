@@ -157,11 +157,13 @@ def _phase(
         outcome = deploy(cfg, host, gates=[gate])
     except DeployError as err:
         cause = err.__cause__ if isinstance(err.__cause__, DeployError) else err
+        reason = str(cause).split("\n", 1)[0]
         if not seen:  # the unit never came up, so no gate ran: that is the unit gate failing
-            first = str(cause).split("\n", 1)[0]
-            gate_result = GateResult("unit_active", Outcome.failed, first)
-            record.add(name, algo_summary(cfg), None, [gate_result])
-        raise _after_failure(cfg, host, api_key, record, cause, err) from err
+            record.add(
+                name, algo_summary(cfg), None, [GateResult("unit_active", Outcome.failed, reason)]
+            )
+            reason = f"Gate unit_active failed on {host.name} ({algo_summary(cfg)}): {reason}"
+        raise _after_failure(cfg, host, api_key, record, reason, err) from err
     if paused:
         stopper = paused[0]
         sentence = (
@@ -183,11 +185,10 @@ def _after_failure(
     host: ShellHost,
     api_key: Secret | None,
     record: ValidationRecord,
-    cause: DeployError,
+    reason: str,
     raised: DeployError,
 ) -> ValidationFailed:
     """Finish the rollback to linear DFlash, prove it, and build the error the CLI prints."""
-    reason = str(cause).split("\n", 1)[0]
     if not cfg.rollout.rollback_on_failure:
         record.decide("failed", reason)
         return ValidationFailed(

@@ -8,6 +8,7 @@ stand-in venv bound in read-only; its tests deploy real units that run `python -
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import time
@@ -55,9 +56,15 @@ class LocalStandin:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below 55536: SGLang refuses ports whose derived gRPC port (+10000) overflows."""
+    for port in random.sample(range(20000, 50000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 50000")
 
 
 def start_local_standin(

@@ -1,0 +1,95 @@
+"""The SGLang client and the measurement against the stand-in server running on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from validate.conftest import API_KEY, LocalStandin, start_local_standin
+
+from ddtree_deploy.config import compose_config
+from ddtree_deploy.config.schema import PromptConfig
+from ddtree_deploy.service.secret import Secret
+from ddtree_deploy.validate.client import SglangClient
+from ddtree_deploy.validate.errors import BadResponse, ServiceUnreachable
+from ddtree_deploy.validate.gates import Outcome, judge_shadow, judge_tree
+from ddtree_deploy.validate.measure import measure
+from ddtree_deploy.validate.probes import Expected
+
+PROMPTS = [
+    PromptConfig(name="chat", kind="chat", text="Hello there, how are you today?", max_new_tokens=48),
+    PromptConfig(name="json", kind="json", text='Return {"a": 1} as JSON.', max_new_tokens=48),
+]
+
+
+def client(server: LocalStandin, key: str | None = API_KEY) -> SglangClient:
+    return SglangClient(server.url, api_key=Secret(key) if key else None, timeout_s=60)
+
+
+def test_client_reads_health_info_models_and_generates_with_spec_fields(
+    local_standin: LocalStandin,
+) -> None:
+    with client(local_standin) as sgl:
+        assert sgl.health() == 200
+        assert sgl.health_generate() == 200
+        info = sgl.server_info()
+        assert info["speculative_algorithm"] == "DDTREE"
+        assert (info["speculative_ddtree_mode"], info["speculative_ddtree_topk"]) == ("tree", 4)
+        assert info["version"] == "0.5.11"
+        assert sgl.model_info()["is_generation"] is True
+        assert sgl.models() == [info["served_model_name"]]
+        answer = sgl.generate("Hello there", 40)
+    assert answer.completion_tokens == len(answer.output_ids) == 40
+    assert answer.verify_ct is not None and answer.accept_length == 40 / answer.verify_ct
+
+
+def test_client_without_the_api_key_is_refused_in_one_sentence(
+    local_standin: LocalStandin,
+) -> None:
+    with client(local_standin, key=None) as sgl:
+        assert sgl.health() == 200  # SGLang leaves /health open
+        with pytest.raises(BadResponse, match=r"/get_server_info answered HTTP 401"):
+            sgl.server_info()
+
+
+def test_client_reports_a_closed_port_as_unreachable() -> None:
+    with (
+        SglangClient("http://127.0.0.1:9", api_key=None, timeout_s=5) as sgl,
+        pytest.raises(ServiceUnreachable, match=r"http://127.0.0.1:9/health did not answer"),
+    ):
+        sgl.health()
+
+
+def test_expected_server_info_matches_the_tree_stand_in(local_standin: LocalStandin) -> None:
+    cfg = compose_config(["algo=ddtree", "algo.topk=4"])
+    with client(local_standin) as sgl:
+        info = sgl.server_info()
+    assert Expected.of(cfg).mismatches(info) == []
+    linear = compose_config(["algo=dflash"])
+    assert Expected.of(linear).mismatches(info) == [
+        "speculative_algorithm='DDTREE' (asked for 'DFLASH')"
+    ]
+
+
+def test_tree_stand_in_keeps_linear_tokens_and_is_faster(
+    standin_root: tuple[Path, Path], local_standin: LocalStandin, tmp_path: Path
+) -> None:
+    """The stand-in's timing model makes the tree gate's decision deterministic: it passes."""
+    linear = start_local_standin(standin_root[0], tmp_path, "--speculative-algorithm", "DFLASH")
+    try:
+        with client(linear) as sgl:
+            baseline = measure(sgl, PROMPTS, label="linear", repeats=1, timeout_s=120)
+    finally:
+        linear.process.terminate()
+        linear.process.wait(timeout=30)
+    with client(local_standin) as sgl:
+        tree = measure(sgl, PROMPTS, label="tree", repeats=1, timeout_s=120)
+    verdict = judge_tree(
+        baseline, tree, min_speedup=1.05, min_tokens=64, hybrid=False, hybrid_policy="fail"
+    )
+    assert verdict.outcome is Outcome.passed, verdict.sentence
+    assert tree.mean_accept_length and baseline.mean_accept_length
+    assert tree.mean_accept_length > baseline.mean_accept_length
+    # The tree's tokens are the linear ones; the shadow gate would pass on them too.
+    shadow_like = judge_shadow(baseline, baseline, tolerance=0.02, collapse_ratio=0.6)
+    assert shadow_like.outcome is Outcome.passed

@@ -1,0 +1,238 @@
+"""Gate verdicts on hand-made measurements: token identity, divergence, collapse, speedup, policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_deploy.config.schema import (
+    GateTimingConfig,
+    HybridDivergencePolicy,
+    InconclusivePolicy,
+)
+from ddtree_deploy.validate.gates import (
+    Decision,
+    GateResult,
+    Outcome,
+    decide,
+    deciding_gate,
+    first_divergence,
+    judge_shadow,
+    judge_tree,
+)
+from ddtree_deploy.validate.measure import Measurement, PromptResult
+from ddtree_deploy.validate.probes import Attempt, poll
+
+CHAT = tuple(range(10, 30))
+CODE = tuple(range(40, 60))
+
+
+def run(label: str, outputs: dict[str, tuple[int, ...]], verify_ct: int | None, wall_s: float):
+    """A measurement where every prompt took `verify_ct` passes and `wall_s` seconds."""
+    return Measurement(
+        label,
+        tuple(
+            PromptResult(name, 0, ids, len(ids), verify_ct, wall_s) for name, ids in outputs.items()
+        ),
+    )
+
+
+BASE = run("linear", {"chat": CHAT, "code": CODE}, verify_ct=5, wall_s=1.0)  # accept 4.0, 20 tok/s
+
+
+def test_first_divergence_names_prompt_position_and_both_continuations() -> None:
+    changed = CODE[:7] + (99,) + CODE[8:]
+    found = first_divergence(BASE, run("tree", {"chat": CHAT, "code": changed}, 5, 1.0))
+    assert found is not None
+    assert (found.prompt, found.position) == ("code", 7)
+    assert found.baseline[:2] == (47, 48)
+    assert found.candidate[:2] == (99, 48)
+
+
+def test_first_divergence_is_none_for_identical_tokens_and_reports_a_shorter_output() -> None:
+    assert first_divergence(BASE, BASE) is None
+    short = first_divergence(BASE, run("x", {"chat": CHAT[:5], "code": CODE}, 5, 1.0))
+    assert short is not None and (short.prompt, short.position, short.candidate) == ("chat", 5, ())
+
+
+def test_shadow_passes_with_identical_tokens_and_equal_acceptance() -> None:
+    result = judge_shadow(BASE, BASE, tolerance=0.02, collapse_ratio=0.6)
+    assert result.outcome is Outcome.passed
+    assert result.figures["shadow_accept_length"] == 4.0
+
+
+def test_shadow_fails_on_divergent_tokens_with_the_divergence() -> None:
+    other = run("shadow", {"chat": CHAT[:3] + (1,) + CHAT[4:], "code": CODE}, 5, 1.0)
+    result = judge_shadow(BASE, other, tolerance=0.02, collapse_ratio=0.6)
+    assert result.outcome is Outcome.failed
+    assert result.divergence is not None and result.divergence.position == 3
+    assert "prompt 'chat' diverges at token 3" in result.sentence
+
+
+def test_shadow_reports_an_acceptance_collapse_as_missing_hidden_states() -> None:
+    collapsed = run("shadow", {"chat": CHAT, "code": CODE}, verify_ct=20, wall_s=1.0)  # accept 1
+    result = judge_shadow(BASE, collapsed, tolerance=0.02, collapse_ratio=0.6)
+    assert result.outcome is Outcome.failed
+    assert "collapsed from 4.00 to 1.00" in result.sentence
+    assert "hidden states" in result.sentence
+
+
+def test_shadow_fails_below_tolerance_without_calling_it_a_collapse() -> None:
+    lower = Measurement(
+        "shadow",
+        (PromptResult("chat", 0, CHAT, 20, 6, 1.0), PromptResult("code", 0, CODE, 20, 5, 1.0)),
+    )  # 40 tokens / 11 passes = 3.64 < 0.98 x 4.0
+    result = judge_shadow(BASE, lower, tolerance=0.02, collapse_ratio=0.6)
+    assert result.outcome is Outcome.failed
+    assert "below 0.98 x the baseline's 4.00" in result.sentence
+
+
+@pytest.mark.parametrize(
+    ("baseline", "shadow"),
+    [
+        (None, BASE),
+        (run("linear", {"chat": CHAT}, None, 1.0), run("s", {"chat": CHAT}, 5, 1.0)),
+        (BASE, run("shadow", {"chat": CHAT}, 5, 1.0)),  # a prompt was not measured
+    ],
+    ids=["no-baseline", "no-spec-fields", "missing-prompt"],
+)
+def test_shadow_is_inconclusive_when_it_cannot_compare(
+    baseline: Measurement | None, shadow: Measurement
+) -> None:
+    result = judge_shadow(baseline, shadow, tolerance=0.02, collapse_ratio=0.6)
+    assert result.outcome is Outcome.inconclusive
+
+
+def tree_verdict(tree: Measurement, *, hybrid: bool = False, policy=HybridDivergencePolicy.fail):
+    return judge_tree(
+        BASE, tree, min_speedup=1.05, min_tokens=10, hybrid=hybrid, hybrid_policy=policy
+    )
+
+
+def test_tree_passes_when_faster_with_identical_tokens() -> None:
+    result = tree_verdict(run("tree", {"chat": CHAT, "code": CODE}, 4, 0.8))
+    assert result.outcome is Outcome.passed
+    assert result.figures["speedup"] == 1.25
+
+
+def test_tree_fails_below_min_speedup() -> None:
+    result = tree_verdict(run("tree", {"chat": CHAT, "code": CODE}, 4, 0.99))
+    assert result.outcome is Outcome.failed
+    assert "below validation.min_speedup=1.05" in result.sentence
+
+
+def test_tree_divergence_fails_on_pure_attention_targets_even_when_faster() -> None:
+    result = tree_verdict(run("tree", {"chat": CHAT, "code": (0,) + CODE[1:]}, 4, 0.5))
+    assert result.outcome is Outcome.failed
+    assert "pure-attention target" in result.sentence
+
+
+@pytest.mark.parametrize(
+    ("policy", "outcome"),
+    [
+        (HybridDivergencePolicy.fail, Outcome.failed),
+        (HybridDivergencePolicy.inconclusive, Outcome.inconclusive),
+        (HybridDivergencePolicy.accept, Outcome.passed),
+    ],
+)
+def test_tree_divergence_on_hybrid_targets_follows_the_policy(
+    policy: HybridDivergencePolicy, outcome: Outcome
+) -> None:
+    tree = run("tree", {"chat": CHAT, "code": (0,) + CODE[1:]}, 4, 0.5)
+    result = tree_verdict(tree, hybrid=True, policy=policy)
+    assert result.outcome is outcome
+    assert result.divergence is not None
+
+
+def test_tree_with_too_few_tokens_is_inconclusive() -> None:
+    result = judge_tree(
+        BASE,
+        run("tree", {"chat": CHAT, "code": CODE}, 4, 0.5),
+        min_speedup=1.05,
+        min_tokens=1000,
+        hybrid=False,
+        hybrid_policy=HybridDivergencePolicy.fail,
+    )
+    assert result.outcome is Outcome.inconclusive
+
+
+PASS = GateResult("health", Outcome.passed, "ok")
+FAIL = GateResult("tree", Outcome.failed, "slow")
+MAYBE = GateResult("shadow_linear", Outcome.inconclusive, "no baseline")
+
+
+@pytest.mark.parametrize(
+    ("results", "policy", "decision"),
+    [
+        ([PASS], InconclusivePolicy.rollback, Decision.promote),
+        ([PASS, FAIL], InconclusivePolicy.promote, Decision.rollback),
+        ([PASS, MAYBE], InconclusivePolicy.rollback, Decision.rollback),
+        ([PASS, MAYBE], InconclusivePolicy.pause, Decision.pause),
+        ([PASS, MAYBE], InconclusivePolicy.promote, Decision.promote),
+        ([MAYBE, FAIL], InconclusivePolicy.promote, Decision.rollback),
+    ],
+)
+def test_decide_applies_the_inconclusive_policy(
+    results: list[GateResult], policy: InconclusivePolicy, decision: Decision
+) -> None:
+    assert decide(results, policy) is decision
+
+
+def test_deciding_gate_prefers_the_first_failure_over_an_earlier_inconclusive() -> None:
+    assert deciding_gate([PASS, MAYBE, FAIL]) is FAIL
+    assert deciding_gate([PASS, MAYBE]) is MAYBE
+    assert deciding_gate([PASS]) is None
+
+
+class FakeClock:
+    """Time that moves only when the gate sleeps (no real waiting, no timing asserts)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_poll_waits_the_initial_delay_then_polls_until_the_answer_is_right() -> None:
+    answers = iter([Attempt(False, "503"), Attempt(False, "503"), Attempt(True, "200")])
+    clock = FakeClock()
+    result = poll(
+        "health",
+        GateTimingConfig(timeout_s=10, interval_s=2, initial_delay_s=5),
+        lambda: next(answers),
+        sleep=clock.sleep,
+        clock=clock.clock,
+    )
+    assert result.outcome is Outcome.passed
+    assert clock.sleeps == [5, 2, 2]
+    assert result.figures["tries"] == 3
+
+
+def test_poll_fails_at_the_timeout_with_the_last_answer() -> None:
+    clock = FakeClock()
+    result = poll(
+        "health",
+        GateTimingConfig(timeout_s=5, interval_s=2, initial_delay_s=0),
+        lambda: Attempt(False, "/health answered HTTP 503"),
+        sleep=clock.sleep,
+        clock=clock.clock,
+    )
+    assert result.outcome is Outcome.failed
+    assert result.sentence.startswith("/health answered HTTP 503 (still so after 4 s")
+
+
+def test_poll_fails_at_once_on_a_final_wrong_answer() -> None:
+    clock = FakeClock()
+    result = poll(
+        "server_info",
+        GateTimingConfig(timeout_s=60, interval_s=1, initial_delay_s=0),
+        lambda: Attempt(False, "reports DFLASH", final=True),
+        sleep=clock.sleep,
+        clock=clock.clock,
+    )
+    assert (result.outcome, result.figures["tries"]) == (Outcome.failed, 1)
