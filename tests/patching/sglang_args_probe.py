@@ -1,0 +1,340 @@
+"""Resolve real SGLang server arguments on CPU, for checking the DDTREE patch sets.
+
+This is a helper module, not a test. It drives the *real* (pristine or patched) SGLang
+argument parser and resolution code (`sglang.srt.server_args.prepare_server_args`) in a
+child Python interpreter, so one process never resolves two configurations (0.5.23 keeps
+runtime-context globals) and the interpreter can be any venv that has SGLang's CPU import
+dependencies (see shared/docs/TESTING.md).
+
+Pieces:
+
+- `write_tiny_model_dirs(root, block_size)` writes a weight-less target directory (a
+  2-layer Qwen3 `config.json`) and a DFlash draft directory whose config carries
+  `block_size`, which SGLang reads to infer the verify width.
+- `resolve_server_args(python, argv, sglang_root=None)` resolves `argv` in a child
+  interpreter and returns `Resolution(ok, fields, error)`: `fields` maps every ServerArgs
+  field to a JSON-able value (repr for anything else); `error` is the exception's message
+  when resolution refused the arguments. `sglang_root`, when given, is put first on
+  `PYTHONPATH`, so a patched copy of the `sglang/` package shadows the installed one.
+- `compare(python, model_dir, draft_dir, sglang_root, pristine_root)` runs the checks the
+  patch sets promise and returns a list of (check, passed, detail) rows.
+
+Command line: `python sglang_args_probe.py --python VENV/bin/python --patched DIR
+[--pristine DIR]` prints the rows and exits non-zero if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Fields that legitimately differ between a DFLASH and a DDTREE resolution.
+DDTREE_FIELDS = (
+    "speculative_algorithm",
+    "speculative_ddtree_budget",
+    "speculative_ddtree_topk",
+    "speculative_ddtree_mode",
+    "speculative_ddtree_allow_hybrid_unsafe",
+)
+
+_TINY_QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+# Runs inside the child interpreter: resolve argv, print one JSON line.
+_CHILD = r"""
+import json, sys, logging
+logging.disable(logging.CRITICAL)
+argv = json.loads(sys.argv[1])
+def plain(v):
+    try:
+        json.dumps(v)
+        return v
+    except TypeError:
+        return repr(v)
+import io
+from sglang.srt.server_args import prepare_server_args
+real_stderr, sys.stderr = sys.stderr, io.StringIO()
+try:
+    sa = prepare_server_args(argv)
+except BaseException as e:  # argparse reports on stderr and exits with SystemExit
+    said, sys.stderr = sys.stderr.getvalue().strip(), real_stderr
+    msg = f"{type(e).__name__}: {e}"
+    if isinstance(e, SystemExit) and said:
+        msg += f" ({said.splitlines()[-1]})"
+    print("@@RESULT@@" + json.dumps({"ok": False, "error": msg}))
+    sys.exit(0)
+sys.stderr = real_stderr
+try:
+    if hasattr(sa, "resolve_once"):  # 0.5.19+: resolution is a separate pass
+        sa.resolve_once()
+        values = sa.resolved_dict()
+    else:  # dataclass ServerArgs resolves in __post_init__
+        import dataclasses
+        values = {f.name: getattr(sa, f.name) for f in dataclasses.fields(sa)}
+except BaseException as e:
+    print("@@RESULT@@" + json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}))
+    sys.exit(0)
+fields = {n: plain(v) for n, v in values.items() if not n.startswith("_")}
+import sglang
+fields["__sglang_file__"] = sglang.__file__
+print("@@RESULT@@" + json.dumps({"ok": True, "fields": fields}))
+"""
+
+
+@dataclass
+class Resolution:
+    ok: bool
+    fields: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+def write_tiny_model_dirs(root: Path, block_size: int = 16) -> tuple[Path, Path]:
+    """Write a weight-less target dir and DFlash draft dir under `root`; return both."""
+    target = Path(root) / "target"
+    draft = Path(root) / "draft"
+    target.mkdir(parents=True, exist_ok=True)
+    draft.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(_TINY_QWEN3, indent=1))
+    draft_cfg = dict(_TINY_QWEN3, num_hidden_layers=1, architectures=["DFlashDraftModel"])
+    draft_cfg["block_size"] = block_size
+    draft_cfg["dflash_config"] = {"target_layer_ids": [0, 1]}
+    (draft / "config.json").write_text(json.dumps(draft_cfg, indent=1))
+    return target, draft
+
+
+def resolve_server_args(
+    python: str, argv: Sequence[str], sglang_root: str | None = None, timeout: int = 300
+) -> Resolution:
+    """Resolve `argv` with `prepare_server_args` in a child interpreter."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if sglang_root:
+        env["PYTHONPATH"] = str(sglang_root)
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    proc = subprocess.run(
+        [python, "-c", _CHILD, json.dumps(list(argv))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=tempfile.gettempdir(),
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@RESULT@@"):
+            data = json.loads(line[len("@@RESULT@@") :])
+            return Resolution(data["ok"], data.get("fields", {}), data.get("error", ""))
+    tail = (proc.stderr or proc.stdout)[-2000:]
+    return Resolution(False, {}, f"child exited {proc.returncode} without a result: {tail}")
+
+
+def base_argv(model_dir: Path, draft_dir: Path, device: str = "cpu") -> list[str]:
+    return [
+        "--model-path",
+        str(model_dir),
+        "--device",
+        device,
+        "--random-seed",
+        "1234",
+        "--speculative-draft-model-path",
+        str(draft_dir),
+    ]
+
+
+def _diff(a: dict, b: dict, ignore: Sequence[str] = ()) -> dict:
+    keys = (set(a) | set(b)) - set(ignore) - {"__sglang_file__"}
+    return {k: (a.get(k), b.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)}
+
+
+def compare(
+    python: str,
+    model_dir: Path,
+    draft_dir: Path,
+    sglang_root: str | None,
+    pristine_root: str | None = None,
+    device: str = "cpu",
+) -> list[tuple[str, bool, str]]:
+    """Run the patch-set promises against real argument resolution."""
+    rows: list[tuple[str, bool, str]] = []
+    base = base_argv(model_dir, draft_dir, device)
+    dflash_argv = [*base, "--speculative-algorithm", "DFLASH"]
+
+    dflash = resolve_server_args(python, dflash_argv, sglang_root)
+    rows.append(("patched DFLASH resolves", dflash.ok, dflash.error))
+    untouched = {k: dflash.fields.get(k) for k in DDTREE_FIELDS[1:]}
+    rows.append(
+        (
+            "DFLASH leaves the DDTREE fields at their defaults",
+            dflash.ok
+            and untouched
+            == {
+                "speculative_ddtree_budget": None,
+                "speculative_ddtree_topk": None,
+                "speculative_ddtree_mode": "tree",
+                "speculative_ddtree_allow_hybrid_unsafe": False,
+            },
+            json.dumps(untouched),
+        )
+    )
+    if pristine_root is not None:
+        before = resolve_server_args(python, dflash_argv, pristine_root)
+        diff = _diff(before.fields, dflash.fields, ignore=DDTREE_FIELDS[1:])
+        rows.append(
+            (
+                "DFLASH resolves exactly as before patching",
+                before.ok and dflash.ok and not diff,
+                before.error or json.dumps(diff)[:1500],
+            )
+        )
+
+    ddtree = resolve_server_args(
+        python,
+        [
+            *base,
+            "--speculative-algorithm",
+            "DDTREE",
+            "--speculative-ddtree-budget",
+            "15",
+            "--speculative-ddtree-topk",
+            "4",
+        ],
+        sglang_root,
+    )
+    rows.append(("DDTREE budget 15 topk 4 resolves", ddtree.ok, ddtree.error))
+    if ddtree.ok and dflash.ok:
+        diff = _diff(dflash.fields, ddtree.fields, ignore=DDTREE_FIELDS)
+        rows.append(("DDTREE gets every DFLASH-derived setting", not diff, json.dumps(diff)[:1500]))
+        got = {k: ddtree.fields.get(k) for k in DDTREE_FIELDS}
+        want = {
+            "speculative_algorithm": "DDTREE",
+            "speculative_ddtree_budget": 15,
+            "speculative_ddtree_topk": 4,
+            "speculative_ddtree_mode": "tree",
+            "speculative_ddtree_allow_hybrid_unsafe": False,
+        }
+        rows.append(("DDTREE settings stored", got == want, json.dumps(got)))
+        width = ddtree.fields.get("speculative_num_draft_tokens")
+        rows.append(
+            (
+                "verify width stays the block size (16)",
+                width == 16 and dflash.fields.get("speculative_num_draft_tokens") == 16,
+                f"DDTREE {width}, DFLASH {dflash.fields.get('speculative_num_draft_tokens')}",
+            )
+        )
+
+    hybrid = resolve_server_args(
+        python,
+        [*base, "--speculative-algorithm", "DDTREE", "--speculative-ddtree-allow-hybrid-unsafe"],
+        sglang_root,
+    )
+    rows.append(
+        (
+            "--speculative-ddtree-allow-hybrid-unsafe is stored",
+            hybrid.ok and hybrid.fields.get("speculative_ddtree_allow_hybrid_unsafe") is True,
+            hybrid.error,
+        )
+    )
+
+    default = resolve_server_args(python, [*base, "--speculative-algorithm", "DDTREE"], sglang_root)
+    rows.append(
+        (
+            "DDTREE defaults: budget = block_size - 1, topk = min(8, budget)",
+            default.ok
+            and default.fields.get("speculative_ddtree_budget") == 15
+            and default.fields.get("speculative_ddtree_topk") == 8,
+            default.error or json.dumps({k: default.fields.get(k) for k in DDTREE_FIELDS}),
+        )
+    )
+
+    shadow = resolve_server_args(
+        python,
+        [*base, "--speculative-algorithm", "DDTREE", "--speculative-ddtree-mode", "shadow_linear"],
+        sglang_root,
+    )
+    rows.append(
+        (
+            "shadow_linear resolves to topk 1, budget block_size - 1",
+            shadow.ok
+            and shadow.fields.get("speculative_ddtree_topk") == 1
+            and shadow.fields.get("speculative_ddtree_budget") == 15
+            and shadow.fields.get("speculative_ddtree_mode") == "shadow_linear",
+            shadow.error or json.dumps({k: shadow.fields.get(k) for k in DDTREE_FIELDS}),
+        )
+    )
+
+    refusals = [
+        (
+            ["--speculative-ddtree-budget", "16"],
+            "--speculative-ddtree-budget 16 exceeds the verify width: it must be between 1 and "
+            "block_size - 1 = 15 (the DFlash block size of the draft model)",
+        ),
+        (["--speculative-ddtree-budget", "0"], "--speculative-ddtree-budget 0"),
+        (
+            ["--speculative-ddtree-budget", "6", "--speculative-ddtree-topk", "7"],
+            "--speculative-ddtree-topk 7",
+        ),
+        (["--speculative-ddtree-topk", "0"], "--speculative-ddtree-topk 0"),
+        (["--speculative-ddtree-mode", "wide"], "invalid choice"),
+        (
+            ["--speculative-ddtree-mode", "shadow_linear", "--speculative-ddtree-budget", "16"],
+            "--speculative-ddtree-budget 16 exceeds the verify width",
+        ),
+    ]
+    for extra, sentence in refusals:
+        res = resolve_server_args(
+            python, [*base, "--speculative-algorithm", "DDTREE", *extra], sglang_root
+        )
+        rows.append(
+            (
+                f"refused: {' '.join(extra)}",
+                (not res.ok) and sentence in res.error,
+                res.error[:400] if not res.ok else "was accepted",
+            )
+        )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python", required=True, help="interpreter of a CPU SGLang venv")
+    ap.add_argument("--patched", required=True, help="dir holding a patched sglang/ package")
+    ap.add_argument("--pristine", help="dir holding the pristine sglang/ package")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, draft_dir = write_tiny_model_dirs(Path(tmp))
+        rows = compare(args.python, model_dir, draft_dir, args.patched, args.pristine, args.device)
+    failed = 0
+    for name, ok, detail in rows:
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"\n      {detail}" if detail else ""))
+    print(f"{len(rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
