@@ -13,6 +13,11 @@ Step API (for the deploy pipeline):
 Both accept the `HostFacts` already probed (`facts=`) to save a round trip. After a `changed`
 apply, state.json holds `kernels: {key, digest, variant, wheel, wheel_sha256, record_sha256}`:
 compare `digest` across generations to decide whether SGLang must restart.
+
+`rollout.steps.Step` wants `StepPlan`/`StepResult`; the statuses here carry the same values, so
+the pipeline's adapter is `StepPlan(rollout.PlanStatus(plan.status.value), plan.reason)` and
+`StepResult(rollout.ResultStatus(result.status.value), result.reason)` (kernel_build may not
+import rollout: dependencies point from rollout to the rooms).
 """
 
 from ddtree_deploy.kernel_build.errors import (

@@ -121,6 +121,7 @@ class KernelsStep:
     """Build (or reuse) and install ddtree-kernels for the host's ABI, then smoke-test it."""
 
     name: ClassVar[str] = "kernels"
+    restarts_service: ClassVar[bool] = True  # SGLang imports the kernels only at start
     host_name: str
     python: PurePosixPath  # the SGLang venv's interpreter
     state_dir: PurePosixPath
