@@ -107,4 +107,3 @@ def scan_sources(
         except (SyntaxError, ValueError) as err:  # ValueError: null bytes in the source
             unparsed.append(UnparsedModule(path, str(err)))
     return sites, tuple(unparsed)
-

@@ -169,7 +169,8 @@ def apply_patch_set(
 ) -> PatchOutcome:
     """Patch every target file in one transaction; a no-op when the set is already applied."""
     recovery = recover(host, site_packages, state, sudo=sudo)
-    plan, entries = _classify(host, site_packages, patch_set, state, sudo=sudo)
+    # No journal read again: recovery leaves no transaction open (or it raised).
+    plan, entries = _classify(host, site_packages, patch_set, None, sudo=sudo)
     _refuse_drift(plan, patch_set)
     new_bytes = {e.target.path: e.patched for e in entries if e.patched is not None}
     changes = _changes(entries, FileState.pristine, to_applied=True)
@@ -189,7 +190,8 @@ def revert_patch_set(
 ) -> PatchOutcome:
     """Restore the RECORD's bytes of every applied file; a no-op on a pristine set."""
     recovery = recover(host, site_packages, state, sudo=sudo)
-    plan, entries = _classify(host, site_packages, patch_set, state, sudo=sudo)
+    # No journal read again: recovery leaves no transaction open (or it raised).
+    plan, entries = _classify(host, site_packages, patch_set, None, sudo=sudo)
     _refuse_drift(plan, patch_set)
     old_bytes: dict[PurePosixPath, bytes] = {}
     for entry in entries:

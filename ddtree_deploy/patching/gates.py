@@ -15,6 +15,9 @@ sites against reviews is `audit`'s job.
 from __future__ import annotations
 
 import ast
+import hashlib
+import re
+import warnings
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -103,20 +106,38 @@ def find_gate_sites(file: PurePosixPath, source: bytes) -> list[GateSite]:
     Every module is parsed, but only one whose text mentions "dflash" in any case is walked:
     walking all nodes of a few thousand modules doubles an audit's time, and a module that never
     spells the word can hold a gate only as a "DFLASH" literal written with escapes or split
-    across implicitly concatenated literals.
+    across implicitly concatenated literals. Results are remembered by content hash, so auditing
+    the same release again (before and after patching, or host after host) parses only the
+    modules that differ.
     """
-    tree = ast.parse(source, filename=str(file))
-    if b"dflash" not in source.lower():
-        return []
-    found = _scan(tree)
-    lines = source.decode("utf-8", errors="replace").splitlines()
+    digest = hashlib.sha256(source).hexdigest()
+    found = _memo.get(digest)
+    if found is None:
+        found = _sites_in(file, source)
+        if len(_memo) >= _MEMO_SIZE:
+            _memo.clear()
+        _memo[digest] = found
     return [
-        GateSite(
-            file=file,
-            line=line,
-            function=function,
-            text=lines[line - 1].strip() if line <= len(lines) else "",
-            patterns=tuple(sorted(patterns)),
-        )
-        for line, (function, patterns) in sorted(found.items())
+        GateSite(file, line, function, text, patterns) for line, function, text, patterns in found
     ]
+
+
+# sha256 of a module's source -> its sites as (line, function, text, patterns)
+_Found = tuple[tuple[int, str, str, tuple[GatePattern, ...]], ...]
+_MEMO_SIZE = 20_000  # more modules than two releases hold; cleared when full
+_memo: dict[str, _Found] = {}
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the line ends Python's tokenizer counts
+
+
+def _sites_in(file: PurePosixPath, source: bytes) -> _Found:
+    with warnings.catch_warnings():  # invalid escapes etc. in the package are not our warnings
+        warnings.simplefilter("ignore")
+        tree = ast.parse(source, filename=str(file))
+    if b"dflash" not in source.lower():
+        return ()
+    found = _scan(tree)
+    lines = _LINE_BREAK.split(source.decode("utf-8", errors="replace"))
+    return tuple(
+        (line, function, lines[line - 1].strip(), tuple(sorted(patterns)))
+        for line, (function, patterns) in sorted(found.items())
+    )

@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import shutil
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
-from patching.trees import Case, wheel_path
 
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
+from patching.trees import Case, wheel_path
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +42,7 @@ def pristine_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
 
 
 @pytest.fixture
-def make_tree(
-    pristine_root: Callable[[str], Path], tmp_path: Path
-) -> Callable[[str], Path]:
+def make_tree(pristine_root: Callable[[str], Path], tmp_path: Path) -> Callable[[str], Path]:
     """`make_tree(release)`: this test's own site-packages holding the pristine wheel files."""
 
     made: list[Path] = []
@@ -59,9 +57,8 @@ def make_tree(
 
 
 @pytest.fixture
-def host() -> Iterator[LocalHost]:
-    with LocalHost("test-local") as local:
-        yield local
+def host() -> LocalHost:
+    return LocalHost("test-local")
 
 
 @pytest.fixture

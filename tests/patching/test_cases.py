@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
-from patching.trees import ALL_CASES, REAL_RELEASES, Case, real_patch_set, tree_bytes
 
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
@@ -23,6 +22,7 @@ from ddtree_deploy.patching import errors as patching_errors
 from ddtree_deploy.patching import manifest
 from ddtree_deploy.patching.engine import apply_patch_set, plan_patch
 from ddtree_deploy.patching.manifest import PatchSet, load_patch_set
+from patching.trees import ALL_CASES, REAL_RELEASES, Case, real_patch_set, tree_bytes
 
 _OFFSET = re.compile(r"Hunk #(\d+) succeeded at \d+ \(offset (-?\d+) lines?\)")
 
@@ -85,7 +85,9 @@ def test_case_applies_or_refuses_as_recorded(
                 assert (site / relative).read_bytes() == expected.read_bytes()
 
 
-@pytest.mark.parametrize("case", [c for c in ALL_CASES if c.expect == "applied"], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case", [c for c in ALL_CASES if c.expect == "applied"], ids=lambda c: c.name
+)
 def test_case_matches_gnu_patch(
     case: Case,
     case_tree: Callable[[Case], Path],
@@ -101,9 +103,7 @@ def test_case_matches_gnu_patch(
     plan = plan_patch(host, PurePosixPath(ours), patch_set)
     apply_patch_set(host, PurePosixPath(ours), patch_set, state)
     assert tree_bytes(ours) == tree_bytes(theirs)
-    ours_nonzero = {
-        str(f.path): [h.offset for h in f.hunks if h.offset] for f in plan.files
-    }
+    ours_nonzero = {str(f.path): [h.offset for h in f.hunks if h.offset] for f in plan.files}
     assert ours_nonzero == gnu_offsets
 
 

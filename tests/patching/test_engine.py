@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
-from patching.trees import REAL_RELEASES, real_patch_set, rewrite, tree_bytes
 
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
@@ -23,6 +21,7 @@ from ddtree_deploy.patching.engine import (
 from ddtree_deploy.patching.errors import DriftedFile, PackageNotFound, PathEscape
 from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
 from ddtree_deploy.patching.record import parse_record
+from patching.trees import REAL_RELEASES, real_patch_set, rewrite, tree_bytes
 
 MakeTree = Callable[[str], Path]
 
@@ -156,7 +155,7 @@ def test_apply_keeps_mode_and_drops_stale_bytecode(
     site = make_tree("0.5.11")
     target = site / patch_set.patches[0].files[0].path
     rewrite(target, target.read_bytes())  # its own inode, so chmod stays in this tree
-    os.chmod(target, 0o640)
+    target.chmod(0o640)
     cache = target.parent / "__pycache__"
     cache.mkdir(exist_ok=True)
     stale = cache / f"{target.stem}.cpython-311.pyc"
@@ -192,9 +191,7 @@ def test_plan_refuses_missing_package(
         plan_patch(host, PurePosixPath(tmp_path / "nowhere"), real_patch_set("0.5.11"))
 
 
-def test_plan_reports_pristine_with_hunk_offsets(
-    make_tree: MakeTree, host: LocalHost
-) -> None:
+def test_plan_reports_pristine_with_hunk_offsets(make_tree: MakeTree, host: LocalHost) -> None:
     patch_set = real_patch_set("0.5.11")
     site = make_tree("0.5.11")
     plan = plan_patch(host, PurePosixPath(site), patch_set)

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
-from patching.trees import real_patch_set, rewrite, tree_bytes
 
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
@@ -23,6 +22,7 @@ from ddtree_deploy.patching.engine import (
 )
 from ddtree_deploy.patching.errors import TransactionStuck
 from ddtree_deploy.patching.manifest import PatchSet
+from patching.trees import real_patch_set, rewrite, tree_bytes
 
 MakeTree = Callable[[str], Path]
 

@@ -1,24 +1,3 @@
-first = 1
-second = 2
-third = 3
-line_0 = 0
-line_1 = 1
-line_2 = 2
-line_3 = 3
-line_4 = 4
-line_5 = 5
-line_6 = 6
-line_7 = 7
-line_8 = 8
-line_9 = 9
-line_10 = 10
-line_11 = 11
-line_12 = 12
-line_13 = 13
-line_14 = 14
-line_15 = 15
-line_16 = 16
-line_17 = 17
-line_18 = 18
-line_19 = 19
-last = 'DFLASH'
+"""One module-level DFLASH gate for the audit tests."""
+
+LAST = "DFLASH"
