@@ -24,7 +24,9 @@ def main() -> int:
         argv[argv.index("--speculative-algorithm") + 1] if "--speculative-algorithm" in argv else ""
     )
     if algo and os.environ.get("DDTREE_DOUBLE_FAIL_ALGO") == algo:
-        print(f"double: failing on purpose for {algo}; argv={argv}", file=sys.stderr, flush=True)
+        print(
+            f"double: failing on purpose for {algo}: {' '.join(argv)}", file=sys.stderr, flush=True
+        )
         return 3
     record = {
         "argv": argv,
