@@ -1,0 +1,90 @@
+"""Rendering and linting without a host: every conf/ host x algo passes systemd-analyze."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from ddtree_deploy.config import compose_config
+from ddtree_deploy.service.lint import UnitLintFailed, lint_unit
+from ddtree_deploy.service.quoting import env_assignment, exec_word
+from ddtree_deploy.service.render import render_service
+from ddtree_deploy.service.secret import Secret
+
+needs_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
+HYBRID_OK = "algo.allow_hybrid_unsafe=true"  # ct hosts serve a hybrid target
+
+
+@needs_analyze
+@pytest.mark.parametrize("host", ["ct129", "ct200", "local"])
+@pytest.mark.parametrize("algo", ["dflash", "ddtree", "ddtree_shadow"])
+def test_rendered_unit_passes_verify_and_exposure(host: str, algo: str) -> None:
+    cfg = compose_config([f"host={host}", f"algo={algo}", HYBRID_OK])
+    rendered = render_service(cfg, Secret("sk-never-shown"))
+    lint = lint_unit(rendered, cfg.service.max_exposure)
+    assert lint.ok, lint.verify_findings
+    assert lint.exposure is not None and lint.exposure <= cfg.service.max_exposure
+    assert "sk-never-shown" not in rendered.unit_text + rendered.env_masked
+    assert "${SGLANG_API_KEY}" in rendered.unit_text
+
+
+def test_ddtree_arguments_follow_the_algo() -> None:
+    cfg = compose_config(["host=ct200", "algo=ddtree", HYBRID_OK, "algo.budget=9"])
+    argv = list(render_service(cfg, None).argv)
+    assert argv[argv.index("--speculative-ddtree-budget") + 1] == "9"
+    assert argv[argv.index("--speculative-ddtree-mode") + 1] == "tree"
+    assert "--speculative-ddtree-allow-hybrid-unsafe" in argv
+    assert "--api-key" not in argv
+    linear = render_service(compose_config(["host=ct200", "algo=dflash"]), None).argv
+    assert not any(a.startswith("--speculative-ddtree") for a in linear)
+
+
+def test_unit_keeps_gpu_devices_reachable() -> None:
+    text = render_service(compose_config(["host=ct129", "algo=dflash"]), None).unit_text
+    directives = {line.split("=", 1)[0] for line in text.splitlines() if "=" in line}
+    assert not directives & {"PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock"}
+    assert "Environment=" not in text  # values live in the 0600 env file only
+
+
+@needs_analyze
+def test_lint_reports_unknown_key_and_exposure_over_threshold() -> None:
+    cfg = compose_config(["host=ct129", "algo=dflash"])
+    rendered = render_service(cfg, None)
+    broken = type(rendered)(
+        **{
+            **rendered.__dict__,
+            "unit_text": rendered.unit_text.replace("[Service]\n", "[Service]\nBogusKey=1\n"),
+        }
+    )
+    with pytest.raises(UnitLintFailed, match="BogusKey"):
+        lint_unit(broken, 10.0).raise_if_failed()
+    with pytest.raises(UnitLintFailed, match="exposure"):
+        lint_unit(rendered, 1.0).raise_if_failed()
+
+
+def test_secret_never_prints() -> None:
+    secret = Secret("abc123")
+    assert (str(secret), repr(secret), f"{secret}") == ("***", "Secret('***')", "***")
+    assert secret.mask("key=abc123;") == "key=***;"
+
+
+@pytest.mark.parametrize(
+    ("value", "word"),
+    [
+        ("plain/path-1.0", "plain/path-1.0"),
+        ("a b", '"a b"'),
+        ("50%", '"50%%"'),
+        ("$HOME", '"$$HOME"'),
+        ('q"\\', '"q\\"\\\\"'),
+    ],
+)
+def test_exec_word_quotes_for_systemd(value: str, word: str) -> None:
+    assert exec_word(value) == word
+
+
+def test_env_assignment_quotes() -> None:
+    assert env_assignment("K", "a b$c") == "K='a b$c'"
+    assert env_assignment("K", "it's") == 'K="it\'s"'
