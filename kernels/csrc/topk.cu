@@ -110,7 +110,8 @@ __device__ __forceinline__ void consume(const float* x, int first_id, TopList<KP
 }
 
 template <InKind K, int KP>
-__global__ void __launch_bounds__(kThreads) topk_partial_kernel(
+// Capping registers keeps 4 blocks (2 for k > 8) resident per SM: enough loads in flight.
+__global__ void __launch_bounds__(kThreads, KP <= 8 ? 4 : 2) topk_partial_kernel(
     const typename Storage<K>::T* __restrict__ logits, int64_t row_stride, int vocab, int splits,
     int chunk, int k, float* __restrict__ ws_v, int* __restrict__ ws_id, float* __restrict__ ws_m,
     float* __restrict__ ws_s, float* __restrict__ logp, int64_t* __restrict__ ids) {
@@ -241,9 +242,9 @@ void launch(const at::Tensor& logits, int k, const at::Tensor& logp, const at::T
   if (rows == 0) return;
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, logits.get_device()));
-  // Enough blocks for ~8 per SM, but chunks of at least 4096 logits.
+  // Enough blocks for ~8 per SM, but chunks of at least 8192 logits (merging costs per block).
   int splits = std::min(kMaxSplits, std::max(1, ceil_div(sms * 8, rows)));
-  splits = std::min(splits, std::max(1, vocab / 4096));
+  splits = std::min(splits, std::max(1, vocab / 8192));
   const int chunk = ceil_div(ceil_div(vocab, splits), kVec) * kVec;
   splits = ceil_div(vocab, chunk);
 

@@ -23,6 +23,12 @@ __device__ __forceinline__ uint32_t pack_meta(int parent, int prev, int rank, in
          (static_cast<uint32_t>(rank) << 20) | (static_cast<uint32_t>(depth) << 25);
 }
 
+// Float -> int with the same order (-0.0 folded into +0.0 first, as float == treats them).
+__device__ __forceinline__ int orderable(float f) {
+  const int i = __float_as_int(f + 0.0f);
+  return i >= 0 ? i : i ^ 0x7fffffff;
+}
+
 __device__ __forceinline__ bool entry_better(float s, uint64_t key, float t, uint64_t kt) {
   return s > t || (s == t && key < kt);
 }
@@ -85,17 +91,28 @@ __global__ void __launch_bounds__(kTreeThreads) build_tree_kernel(TreeArgs a) {
           bs = f_score[j]; bk = f_key[j]; bm = f_meta[j]; bj = j;
         }
       }
-      float ws = bs;
-      uint64_t wk = bk;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        const float os = __shfl_xor_sync(kFullMask, ws, off);
-        const uint64_t ok = __shfl_xor_sync(kFullMask, wk, off);
-        if (ok != kEmptyKey && (wk == kEmptyKey || entry_better(os, ok, ws, wk))) { ws = os; wk = ok; }
+      // Warp arg-max: hardware max over the scores as order-preserving ints, then (rarely, on
+      // equal scores) min over the keys' halves among the tied lanes.
+      const int my_o = bj < 0 ? INT_MIN : orderable(bs);
+      const int best_o = __reduce_max_sync(kFullMask, my_o);
+      if (best_o == INT_MIN) break;  // frontier empty: fewer possible nodes than the budget
+      unsigned cand = __ballot_sync(kFullMask, my_o == best_o);
+      if (__popc(cand) > 1) {  // every lane must reach each reduction: no short-circuit
+        const bool in = (cand >> lane) & 1u;
+        const unsigned hi = in ? static_cast<unsigned>(bk >> 32) : UINT_MAX;
+        const unsigned min_hi = __reduce_min_sync(kFullMask, hi);
+        cand = __ballot_sync(kFullMask, in && hi == min_hi);
+        if (__popc(cand) > 1) {
+          const bool in2 = (cand >> lane) & 1u;
+          const unsigned lo = in2 ? static_cast<unsigned>(bk) : UINT_MAX;
+          const unsigned min_lo = __reduce_min_sync(kFullMask, lo);
+          cand = __ballot_sync(kFullMask, in2 && lo == min_lo);
+        }
       }
-      if (wk == kEmptyKey) break;  // frontier empty: fewer possible nodes than the budget
-      const bool mine = bj >= 0 && bk == wk;
-      const int owner = __ffs(__ballot_sync(kFullMask, mine)) - 1;
+      const int owner = __ffs(cand) - 1;
+      const bool mine = lane == owner;
+      const float ws = __shfl_sync(kFullMask, bs, owner);
+      const uint64_t wk = __shfl_sync(kFullMask, bk, owner);
       const uint32_t meta = __shfl_sync(kFullMask, bm, owner);
       const int parent = meta & 1023, prev = static_cast<int>((meta >> 10) & 1023) - 1;
       const int rank = (meta >> 20) & 31, depth = meta >> 25;

@@ -92,11 +92,15 @@ def test_cuda_build_tree_without_custom_mask() -> None:
 def test_cuda_walk_and_commit_match_reference(
     batch: int, max_depth: int, k: int, budget: int
 ) -> None:
-    logp, ids = random_topk(batch, max_depth, k, 6, seed=budget, device="cuda")  # vocab 6: matches
+    logp, ids = random_topk(batch, max_depth, k, 10, seed=budget, device="cuda")  # vocab 10: matches
     roots = torch.zeros(batch, dtype=torch.long, device="cuda")
     tree = ops.build_tree(logp, ids, roots, torch.zeros(batch, device="cuda"), budget)
     gen = torch.Generator(device="cuda").manual_seed(5)
-    target = torch.randint(0, 6, (batch, budget + 1), device="cuda", generator=gen)
+    # Follow some child (first or random) 80% of the time, else a random token: deep paths.
+    child = tree.tokens.gather(1, tree.retrieve_next_token.clamp(min=0))
+    noise = torch.randint(0, 10, (batch, budget + 1), device="cuda", generator=gen)
+    follow = torch.rand(batch, budget + 1, device="cuda", generator=gen) < 0.8
+    target = torch.where(follow, child, noise)
     got = ops.verify_walk(tree.tokens, tree.parents, target, max_depth)
     want = reference.verify_walk(tree.tokens, tree.parents, target, max_depth)
     _assert_same(got, want)
@@ -210,5 +214,5 @@ def test_cuda_ops_capture_and_replay_in_a_cuda_graph() -> None:
         _assert_same(outs[1], tree)
         walk = reference.verify_walk(tree.tokens, tree.parents, target, max_depth)
         _assert_same(outs[2], walk)
-        assert int(walk.accept_len.min()) == max_depth + 1  # the argmax chain is always accepted
+        assert int(walk.accept_len.min()) >= 2  # the target follows first children
         _assert_same(outs[3], reference.commit_indices(walk.accept_index, cache_loc))
