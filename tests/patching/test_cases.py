@@ -65,7 +65,9 @@ def test_case_applies_or_refuses_as_recorded(
     before = tree_bytes(site)
     if case.expect == "error":
         assert case.error is not None
-        with pytest.raises(_error_class(case.error)):
+        with pytest.raises(
+            _error_class(case.error), match=re.escape(case.message) if case.message else None
+        ):
             patch_set = load_patch_set(case.series_dir)
             apply_patch_set(host, PurePosixPath(site), patch_set, state)
         assert tree_bytes(site) == before

@@ -64,6 +64,7 @@ class Case:
     release: str
     expect: str  # "applied" or "error"
     error: str | None
+    message: str | None  # a phrase the error's sentence must hold
     offsets: dict[str, list[int]]
 
     @property
@@ -89,6 +90,7 @@ def load_case(directory: Path) -> Case:
         release=str(raw["release"]),
         expect=str(raw["expect"]),
         error=raw.get("error"),
+        message=raw.get("message"),
         offsets={str(k): list(v) for k, v in (raw.get("offsets") or {}).items()},
     )
 
