@@ -109,13 +109,21 @@ class PatchPlan:
         return self.state is not SetState.applied or self.unfinished is not None
 
 
-@dataclass(frozen=True)
-class Recovery:
+class RecoveryAction(StrEnum):
     """How `recover` closed a transaction a killed run left open."""
 
+    rolled_forward = "rolled-forward"  # finished: every file now has its new bytes
+    rolled_back = "rolled-back"  # undone: every file has its old bytes again
+    superseded = "superseded"  # the package was reinstalled since; nothing written
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A transaction `recover` closed, how, and the files it wrote."""
+
     transaction: Transaction
-    rolled_forward: bool
-    files: tuple[PurePosixPath, ...]  # the files it wrote
+    action: RecoveryAction
+    files: tuple[PurePosixPath, ...]
 
 
 @dataclass(frozen=True)
@@ -211,8 +219,10 @@ def recover(
     """Close the transaction a killed run left open on `site_packages`, if there is one.
 
     Rolls forward when every file not yet replaced has its new bytes stored, else back when
-    every replaced file has its old bytes stored; a file matching neither hash of the
-    transaction raises `TransactionStuck` before anything is written.
+    every replaced file has its old bytes stored. When the files match neither hash of the
+    transaction but all match the installed RECORD, the package was reinstalled since and the
+    transaction is closed as superseded; otherwise `TransactionStuck` is raised before anything
+    is written.
     """
     transaction = journal.find_unfinished(state, site_packages)
     if transaction is None:
@@ -223,14 +233,20 @@ def recover(
     current = {}
     for change in transaction.changes:
         file = snapshot.files[change.path]
-        digest = sha256_hex(file.data) if file is not None else None
-        if digest not in (change.sha256_from, change.sha256_to):
-            raise TransactionStuck(
-                f"{change.path} on {host.name} changed outside the unfinished "
-                f"{transaction.operation} transaction {transaction.id} (journal "
-                f"{state.journal_path}); nothing written: reinstall the package and run again."
-            )
-        current[change.path] = digest
+        current[change.path] = sha256_hex(file.data) if file is not None else None
+    foreign = [
+        c for c in transaction.changes if current[c.path] not in (c.sha256_from, c.sha256_to)
+    ]
+    if foreign and all(snapshot.record.get(path) == digest for path, digest in current.items()):
+        # pip reinstalled the package since (another release): nothing left to finish or undo.
+        journal.close(state, transaction, committed=False)
+        return Recovery(transaction, RecoveryAction.superseded, ())
+    if foreign:
+        raise TransactionStuck(
+            f"{foreign[0].path} on {host.name} changed outside the unfinished "
+            f"{transaction.operation} transaction {transaction.id} (journal "
+            f"{state.journal_path}); nothing written: reinstall the package and run again."
+        )
     for forward in (True, False):
         pending = [c for c in transaction.changes if current[c.path] != _end(c, forward=forward)]
         stored = _stored(state, pending, forward=forward)
@@ -241,7 +257,8 @@ def recover(
                 )
             drop_bytecode(host, (c.real_path for c in pending), sudo=sudo)
             journal.close(state, transaction, committed=forward)
-            return Recovery(transaction, forward, tuple(c.path for c in pending))
+            action = RecoveryAction.rolled_forward if forward else RecoveryAction.rolled_back
+            return Recovery(transaction, action, tuple(c.path for c in pending))
     raise TransactionStuck(
         f"The unfinished {transaction.operation} transaction {transaction.id} on {host.name} "
         f"can be neither finished nor undone: backups are missing under {state.root}/blobs; "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,13 +17,14 @@ from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching import journal
 from ddtree_deploy.patching.engine import (
+    RecoveryAction,
     SetState,
     apply_patch_set,
     plan_patch,
     recover,
     revert_patch_set,
 )
-from ddtree_deploy.patching.errors import TransactionStuck
+from ddtree_deploy.patching.errors import RecordMismatch, TransactionStuck
 from ddtree_deploy.patching.manifest import PatchSet
 from patching.trees import real_patch_set, rewrite, tree_bytes
 
@@ -74,7 +78,8 @@ def test_apply_after_crash_rolls_forward(
     plan = plan_patch(host, PurePosixPath(site), patch_set, state)
     assert plan.state is SetState.mixed and plan.unfinished is not None
     outcome = apply_patch_set(host, PurePosixPath(site), patch_set, state)
-    assert outcome.recovery is not None and outcome.recovery.rolled_forward
+    assert outcome.recovery is not None
+    assert outcome.recovery.action is RecoveryAction.rolled_forward
     assert len(outcome.recovery.files) == len(_targets(patch_set)) - 1
     assert outcome.changed == ()
     assert tree_bytes(site) == tree_bytes(patched)
@@ -94,7 +99,8 @@ def test_revert_after_crash_rolls_back_when_post_images_are_lost(
         if change.real_path != crashing.replaced[0]:
             Path(str(state.blob_path(f"patching/sha256/{change.sha256_to}"))).unlink()
     outcome = revert_patch_set(host, PurePosixPath(site), patch_set, state)
-    assert outcome.recovery is not None and not outcome.recovery.rolled_forward
+    assert outcome.recovery is not None
+    assert outcome.recovery.action is RecoveryAction.rolled_back
     assert outcome.recovery.files == (transaction.changes[0].path,)
     assert outcome.changed == ()
     assert tree_bytes(site) == pristine
@@ -113,6 +119,37 @@ def test_recover_refuses_file_changed_after_crash(
     with pytest.raises(TransactionStuck, match="changed outside the unfinished"):
         recover(host, PurePosixPath(site), state)
     assert tree_bytes(site) == before
+
+
+def test_recover_closes_transaction_superseded_by_a_reinstall(
+    make_tree: MakeTree, host: LocalHost, state: HostStateStore
+) -> None:
+    patch_set = real_patch_set("0.5.11")
+    site = make_tree("0.5.11")
+    crashing = _crash_mid_apply(site, patch_set, Path(str(state.root)))
+    # pip installs another build: every target gets new bytes, RECORD lists their hashes
+    record_path = site / "sglang-0.5.11.dist-info" / "RECORD"
+    record = record_path.read_text()
+    transaction = journal.find_unfinished(state, PurePosixPath(site))
+    assert transaction is not None and crashing.replaced
+    for change in transaction.changes:
+        path = site / change.path
+        rewrite(path, path.read_bytes() + b"# another build\n")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest())
+        record = re.sub(
+            rf"^{re.escape(str(change.path))},sha256=[^,]*,",
+            f"{change.path},sha256={digest.rstrip(b'=').decode()},",
+            record,
+            flags=re.MULTILINE,
+        )
+    rewrite(record_path, record.encode())
+    before = tree_bytes(site)
+    recovery = recover(host, PurePosixPath(site), state)
+    assert recovery is not None and recovery.action is RecoveryAction.superseded
+    assert tree_bytes(site) == before
+    assert journal.find_unfinished(state, PurePosixPath(site)) is None
+    with pytest.raises(RecordMismatch):
+        apply_patch_set(host, PurePosixPath(site), patch_set, state)
 
 
 def test_recover_refuses_when_no_backups_exist(
@@ -166,6 +203,7 @@ def test_apply_after_sigkill_between_replacements_finishes_the_transaction(
     assert killed.returncode == -9, killed.stderr
     assert plan_patch(host, PurePosixPath(site), patch_set).state is SetState.mixed
     outcome = apply_patch_set(host, PurePosixPath(site), patch_set, state)
-    assert outcome.recovery is not None and outcome.recovery.rolled_forward
+    assert outcome.recovery is not None
+    assert outcome.recovery.action is RecoveryAction.rolled_forward
     assert plan_patch(host, PurePosixPath(site), patch_set).state is SetState.applied
     assert revert_patch_set(host, PurePosixPath(site), patch_set, state).changed
