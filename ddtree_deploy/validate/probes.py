@@ -38,6 +38,7 @@ class Attempt:
     detail: str
     final: bool = False
     figures: dict[str, Any] = field(default_factory=dict)
+    gate: str | None = None  # the gate this answer really belongs to (a crash during /health)
 
 
 def poll(
@@ -63,7 +64,7 @@ def poll(
         if last.ok:
             return GateResult(gate, Outcome.passed, last.detail, figures)
         if last.final:
-            return GateResult(gate, Outcome.failed, last.detail, figures)
+            return GateResult(last.gate or gate, Outcome.failed, last.detail, figures)
         if waited + timing.interval_s > timing.timeout_s:
             return GateResult(
                 gate,
@@ -138,9 +139,10 @@ class ServiceProbe:
         results = [poll("unit_active", val.unit_active, self._unit_active)]
         if results[-1].outcome is not Outcome.passed:
             return results
+        restarts = int(results[-1].figures["restarts"])
         with self.client() as client:
             checks: list[tuple[str, GateTimingConfig, Callable[[], Attempt]]] = [
-                ("health", val.health, lambda: _status(client.health(), "/health")),
+                ("health", val.health, lambda: self._health(client, restarts)),
                 ("server_info", val.server_info, lambda: _server_info(client, expected)),
                 (
                     "health_generate",
@@ -153,6 +155,26 @@ class ServiceProbe:
                 if results[-1].outcome is not Outcome.passed:
                     break
         return results
+
+    def _health(self, client: SglangClient, restarts: int) -> Attempt:
+        """`/health` 200; while it is not, a unit that restarted or died fails the unit gate."""
+        try:
+            answer = _status(client.health(), "/health")
+        except DeployError as err:
+            answer = Attempt(False, str(err))
+        if answer.ok:
+            return answer
+        unit = self._unit_active()
+        if unit.figures["restarts"] > restarts or not unit.ok:
+            return Attempt(
+                False,
+                f"{unit.detail} and restarted {unit.figures['restarts'] - restarts} time(s) "
+                "while /health was not answering (crash loop)",
+                final=True,
+                figures=unit.figures,
+                gate="unit_active",
+            )
+        return answer
 
     def _unit_active(self) -> Attempt:
         unit = f"{self.cfg.service.unit_name}.service"

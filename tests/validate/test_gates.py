@@ -236,3 +236,15 @@ def test_poll_fails_at_once_on_a_final_wrong_answer() -> None:
         clock=clock.clock,
     )
     assert (result.outcome, result.figures["tries"]) == (Outcome.failed, 1)
+
+
+def test_poll_names_the_gate_a_final_answer_belongs_to() -> None:
+    clock = FakeClock()
+    result = poll(
+        "health",
+        GateTimingConfig(timeout_s=60, interval_s=1, initial_delay_s=0),
+        lambda: Attempt(False, "restarted 2 time(s) (crash loop)", final=True, gate="unit_active"),
+        sleep=clock.sleep,
+        clock=clock.clock,
+    )
+    assert (result.gate, result.outcome) == ("unit_active", Outcome.failed)
