@@ -321,11 +321,10 @@ def _entry(host: ShellHost, snapshot: Snapshot, target: FileTarget) -> _Entry:
     state = {target.pristine: FileState.pristine, target.applied: FileState.applied}.get(
         digest or "", FileState.drifted
     )
-    patched, hunks = (
-        (None, ())
-        if file is None or state is not FileState.pristine
-        else (patch_file(target, file.data))
-    )
+    patched: bytes | None = None
+    hunks: tuple[HunkOffset, ...] = ()
+    if file is not None and state is FileState.pristine:
+        patched, hunks = patch_file(target, file.data)  # the dry run, staged for apply
     plan = FilePlan(
         target.path, state, digest, target.pristine, target.applied, target.patches, hunks
     )
@@ -346,14 +345,12 @@ def _refuse_drift(plan: PatchPlan, patch_set: PatchSet) -> None:
     for file in plan.files:
         if file.state is FileState.drifted:
             found = (
-                "is missing"
+                f"is missing (a target of patch set {patch_set.name})"
                 if file.sha256 is None
-                else ("matches neither the pristine nor the patched hash")
+                else f"matches neither the pristine nor the patched hash of patch set "
+                f"{patch_set.name}"
             )
-            raise DriftedFile(
-                f"{plan.site_packages / file.path} on {plan.host} {found} of patch set "
-                f"{patch_set.name}; {todo}."
-            )
+            raise DriftedFile(f"{plan.site_packages / file.path} on {plan.host} {found}; {todo}.")
     if plan.state is SetState.mixed:
         applied = [str(f.path) for f in plan.files if f.state is FileState.applied]
         raise DriftedFile(
