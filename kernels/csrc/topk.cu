@@ -89,8 +89,12 @@ struct Lse {
   }
 };
 
+// `floor`: a value some lane already holds KP entries at or above; anything strictly below it
+// cannot make the top KP. Without it every lane's own threshold rises slowly and, in SIMT, the
+// warp pays the insertion whenever any lane inserts.
 template <int KP, int N>
-__device__ __forceinline__ void consume(const float* x, int first_id, TopList<KP>& top, Lse& lse) {
+__device__ __forceinline__ void consume(const float* x, int first_id, float floor,
+                                        TopList<KP>& top, Lse& lse) {
   float vmax = x[0];
 #pragma unroll
   for (int j = 1; j < N; ++j) vmax = fmaxf(vmax, x[j]);
@@ -103,9 +107,11 @@ __device__ __forceinline__ void consume(const float* x, int first_id, TopList<KP
 #pragma unroll
     for (int j = 0; j < N; ++j) lse.s += exp2f(fmaf(x[j], kLog2e, -mb));
   }
-  if (vmax >= top.v[KP - 1]) {
+  if (vmax >= fmaxf(top.v[KP - 1], floor)) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) top.insert(x[j], first_id + j);
+    for (int j = 0; j < N; ++j) {
+      if (x[j] >= floor) top.insert(x[j], first_id + j);
+    }
   }
 }
 
@@ -128,33 +134,37 @@ __global__ void __launch_bounds__(kThreads, KP <= 8 ? 4 : 2) topk_partial_kernel
   top.clear();
   Lse lse;
   const int tid = threadIdx.x;
+  float floor = -INFINITY;
   const bool aligned = (reinterpret_cast<uintptr_t>(base + start) % 16) == 0;
   int scalar_from = start;
   if (aligned) {
     const int nvec = (end - start) / kVec;
     const uint4* vp = reinterpret_cast<const uint4*>(base + start);
-    int v = tid;
-    for (; v + (kUnroll - 1) * kThreads < nvec; v += kUnroll * kThreads) {
+    int b0 = 0;  // block-uniform trip count, so the warp can share its threshold each round
+    for (; b0 + kUnroll * kThreads <= nvec; b0 += kUnroll * kThreads) {
       uint4 raw[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) raw[u] = __ldg(vp + v + u * kThreads);
+      for (int u = 0; u < kUnroll; ++u) raw[u] = __ldg(vp + b0 + tid + u * kThreads);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         float x[kVec];
         decode_vec<K>(raw[u], x);
-        consume<KP, kVec>(x, start + (v + u * kThreads) * kVec, top, lse);
+        consume<KP, kVec>(x, start + (b0 + tid + u * kThreads) * kVec, floor, top, lse);
       }
+      floor = top.v[KP - 1];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) floor = fmaxf(floor, __shfl_xor_sync(kFullMask, floor, off));
     }
-    for (; v < nvec; v += kThreads) {
+    for (int v = b0 + tid; v < nvec; v += kThreads) {
       float x[kVec];
       decode_vec<K>(__ldg(vp + v), x);
-      consume<KP, kVec>(x, start + v * kVec, top, lse);
+      consume<KP, kVec>(x, start + v * kVec, floor, top, lse);
     }
     scalar_from = start + nvec * kVec;
   }
   for (int i = scalar_from + tid; i < end; i += kThreads) {
     const float x = decode<K>(base[i]);
-    consume<KP, 1>(&x, i, top, lse);
+    consume<KP, 1>(&x, i, floor, top, lse);
   }
 
   // Block merge: warps first, then warp 0 over the warps' lists.
