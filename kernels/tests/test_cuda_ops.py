@@ -92,7 +92,7 @@ def test_cuda_build_tree_without_custom_mask() -> None:
 def test_cuda_walk_and_commit_match_reference(
     batch: int, max_depth: int, k: int, budget: int
 ) -> None:
-    logp, ids = random_topk(batch, max_depth, k, 10, seed=budget, device="cuda")  # vocab 10: matches
+    logp, ids = random_topk(batch, max_depth, k, 10, seed=budget, device="cuda")  # small vocab
     roots = torch.zeros(batch, dtype=torch.long, device="cuda")
     tree = ops.build_tree(logp, ids, roots, torch.zeros(batch, device="cuda"), budget)
     gen = torch.Generator(device="cuda").manual_seed(5)
