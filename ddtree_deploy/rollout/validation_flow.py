@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
@@ -234,9 +235,15 @@ def prompts_hash(cfg: DeployConfig) -> str:
 def _measure(probe: ServiceProbe, label: str, timing_gate: str) -> Measurement:
     val = probe.cfg.validation
     timing = getattr(val, timing_gate)
+    time.sleep(timing.initial_delay_s)
     with probe.client() as client:
         return measure(
-            client, val.prompts, label=label, repeats=val.repeats, timeout_s=timing.timeout_s
+            client,
+            val.prompts,
+            label=label,
+            repeats=val.repeats,
+            timeout_s=timing.timeout_s,
+            pause_s=timing.interval_s,
         )
 
 

@@ -114,13 +114,19 @@ def measure(
     label: str,
     repeats: int,
     timeout_s: float,
+    pause_s: float = 0.0,
 ) -> Measurement:
-    """Answer every prompt `repeats` times after a warm-up; `ValidationError` past `timeout_s`."""
+    """Answer every prompt `repeats` times after a warm-up; `ValidationError` past `timeout_s`.
+
+    `pause_s` separates passes (the gate's `interval_s`), so repeats sample different moments.
+    """
     deadline = time.monotonic() + timeout_s
     if prompts:  # one short, uncounted request first: every measurement starts warm
         client.generate(prompts[0].text, WARMUP_TOKENS)
     results = []
     for repeat in range(repeats):
+        if repeat:
+            time.sleep(pause_s)
         for prompt in prompts:
             if time.monotonic() > deadline:
                 raise ValidationError(

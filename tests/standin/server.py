@@ -105,7 +105,7 @@ class Service:
         return time.monotonic() >= self.ready_at
 
     def server_info(self) -> dict[str, Any]:
-        import sglang
+        import sglang  # type: ignore[import-not-found]  # the patched copy on the unit's path
 
         info = {f.name: _plain(getattr(self.args, f.name)) for f in dataclasses.fields(self.args)}
         if self.fault == "wrong_algorithm":
@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # one core per pass keeps the sleep-based timing dominant
-    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.server_args import prepare_server_args  # type: ignore[import-not-found]
 
     args = prepare_server_args(list(sys.argv[1:] if argv is None else argv))
     service = Service(args, knobs)

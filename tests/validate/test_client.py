@@ -5,19 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from validate.conftest import API_KEY, LocalStandin, start_local_standin
 
 from ddtree_deploy.config import compose_config
-from ddtree_deploy.config.schema import PromptConfig
+from ddtree_deploy.config.schema import HybridDivergencePolicy, PromptConfig
 from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.validate.client import SglangClient
 from ddtree_deploy.validate.errors import BadResponse, ServiceUnreachable
 from ddtree_deploy.validate.gates import Outcome, judge_shadow, judge_tree
 from ddtree_deploy.validate.measure import measure
 from ddtree_deploy.validate.probes import Expected
+from validate.conftest import API_KEY, LocalStandin, start_local_standin
 
 PROMPTS = [
-    PromptConfig(name="chat", kind="chat", text="Hello there, how are you today?", max_new_tokens=48),
+    PromptConfig(
+        name="chat", kind="chat", text="Hello there, how are you today?", max_new_tokens=48
+    ),
     PromptConfig(name="json", kind="json", text='Return {"a": 1} as JSON.', max_new_tokens=48),
 ]
 
@@ -85,7 +87,12 @@ def test_tree_stand_in_keeps_linear_tokens_and_is_faster(
     with client(local_standin) as sgl:
         tree = measure(sgl, PROMPTS, label="tree", repeats=1, timeout_s=120)
     verdict = judge_tree(
-        baseline, tree, min_speedup=1.05, min_tokens=64, hybrid=False, hybrid_policy="fail"
+        baseline,
+        tree,
+        min_speedup=1.05,
+        min_tokens=64,
+        hybrid=False,
+        hybrid_policy=HybridDivergencePolicy.fail,
     )
     assert verdict.outcome is Outcome.passed, verdict.sentence
     assert tree.mean_accept_length and baseline.mean_accept_length

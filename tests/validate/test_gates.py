@@ -26,7 +26,9 @@ CHAT = tuple(range(10, 30))
 CODE = tuple(range(40, 60))
 
 
-def run(label: str, outputs: dict[str, tuple[int, ...]], verify_ct: int | None, wall_s: float):
+def run(
+    label: str, outputs: dict[str, tuple[int, ...]], verify_ct: int | None, wall_s: float
+) -> Measurement:
     """A measurement where every prompt took `verify_ct` passes and `wall_s` seconds."""
     return Measurement(
         label,
@@ -40,7 +42,7 @@ BASE = run("linear", {"chat": CHAT, "code": CODE}, verify_ct=5, wall_s=1.0)  # a
 
 
 def test_first_divergence_names_prompt_position_and_both_continuations() -> None:
-    changed = CODE[:7] + (99,) + CODE[8:]
+    changed = (*CODE[:7], 99, *CODE[8:])
     found = first_divergence(BASE, run("tree", {"chat": CHAT, "code": changed}, 5, 1.0))
     assert found is not None
     assert (found.prompt, found.position) == ("code", 7)
@@ -61,7 +63,7 @@ def test_shadow_passes_with_identical_tokens_and_equal_acceptance() -> None:
 
 
 def test_shadow_fails_on_divergent_tokens_with_the_divergence() -> None:
-    other = run("shadow", {"chat": CHAT[:3] + (1,) + CHAT[4:], "code": CODE}, 5, 1.0)
+    other = run("shadow", {"chat": (*CHAT[:3], 1, *CHAT[4:]), "code": CODE}, 5, 1.0)
     result = judge_shadow(BASE, other, tolerance=0.02, collapse_ratio=0.6)
     assert result.outcome is Outcome.failed
     assert result.divergence is not None and result.divergence.position == 3
@@ -102,7 +104,12 @@ def test_shadow_is_inconclusive_when_it_cannot_compare(
     assert result.outcome is Outcome.inconclusive
 
 
-def tree_verdict(tree: Measurement, *, hybrid: bool = False, policy=HybridDivergencePolicy.fail):
+def tree_verdict(
+    tree: Measurement,
+    *,
+    hybrid: bool = False,
+    policy: HybridDivergencePolicy = HybridDivergencePolicy.fail,
+) -> GateResult:
     return judge_tree(
         BASE, tree, min_speedup=1.05, min_tokens=10, hybrid=hybrid, hybrid_policy=policy
     )
@@ -121,7 +128,7 @@ def test_tree_fails_below_min_speedup() -> None:
 
 
 def test_tree_divergence_fails_on_pure_attention_targets_even_when_faster() -> None:
-    result = tree_verdict(run("tree", {"chat": CHAT, "code": (0,) + CODE[1:]}, 4, 0.5))
+    result = tree_verdict(run("tree", {"chat": CHAT, "code": (0, *CODE[1:])}, 4, 0.5))
     assert result.outcome is Outcome.failed
     assert "pure-attention target" in result.sentence
 
@@ -137,7 +144,7 @@ def test_tree_divergence_fails_on_pure_attention_targets_even_when_faster() -> N
 def test_tree_divergence_on_hybrid_targets_follows_the_policy(
     policy: HybridDivergencePolicy, outcome: Outcome
 ) -> None:
-    tree = run("tree", {"chat": CHAT, "code": (0,) + CODE[1:]}, 4, 0.5)
+    tree = run("tree", {"chat": CHAT, "code": (0, *CODE[1:])}, 4, 0.5)
     result = tree_verdict(tree, hybrid=True, policy=policy)
     assert result.outcome is outcome
     assert result.divergence is not None

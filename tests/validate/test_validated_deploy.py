@@ -17,12 +17,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-from validate.conftest import StandinLab, key_file
 
 from ddtree_deploy.cli import main
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
+from validate.conftest import StandinLab, key_file
 
 pytestmark = pytest.mark.nspawn
 
