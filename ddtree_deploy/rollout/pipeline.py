@@ -83,9 +83,9 @@ def kernel_steps(cfg: DeployConfig) -> list[Step]:
 
 
 def validation_gates(cfg: DeployConfig) -> list[Gate]:
-    """Hook for the validation room's gates (health, server info, shadow, tree, perf).
-
-    They run after the unit runs steadily; one that raises makes the deploy roll back.
+    """Gates for a bare `deploy()` call: none. `action=deploy` goes through
+    `rollout.validation_flow.deploy_validated`, which passes each phase's gates (polled health
+    gates, then shadow-linear or tree) as `gates=`; one that raises makes the deploy roll back.
     """
     return []
 
