@@ -1,0 +1,737 @@
+"""Checks of the 0.5.11 DDTREE verify path, run inside the SGLang staging venv.
+
+Run as `python checks.py NAME` with the patched `sglang/` first on PYTHONPATH, `kernels/` (the
+ddtree_kernels reference ops) importable and TRITON_INTERPRET=1 (SGLang's Triton req_to_token
+kernel then runs on CPU tensors). Prints one JSON object; the pytest side asserts on it.
+
+What is real: every DDTREE function the patches add, DFlashVerifyInput (prepare_for_verify,
+verify), SGLang's ForwardMode, vocab shard indices, Triton req_to_token writer and native KV
+move. TEST DOUBLES (a ScheduleBatch needs a scheduler, a Req a tokenizer, a KV pool a GPU):
+`FakeBatch`, `FakeReq`, `FakeAllocator`, `FakeGroup` (simulated TP ranks in threads).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import sglang.srt.speculative.dflash_info as info
+import sglang.srt.speculative.dflash_utils as utils
+import torch
+from ddtree_kernels import reference
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+CHECKS = {}
+
+
+def check(fn):
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+# ---------------------------------------------------------------- test doubles
+
+
+class FakeGroup:
+    """TP group of `size` ranks, one thread each: all_gather_into_tensor concatenates on dim 0."""
+
+    def __init__(self, size: int) -> None:
+        self.world_size = size
+        self.barrier = threading.Barrier(size)
+        self.slots: list = [None] * size
+        self.local = threading.local()
+
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        self.slots[self.local.rank] = inp.clone()
+        self.barrier.wait()
+        out.copy_(torch.cat(self.slots, dim=0).view_as(out))
+        self.barrier.wait()
+
+
+class FakeReq:
+    def __init__(self, max_new_tokens: int) -> None:
+        self.output_ids: list[int] = []
+        self.origin_input_ids = [7]
+        self.max_new_tokens = max_new_tokens
+        self.grammar = None
+        self.spec_verify_ct = 0
+        self.spec_accepted_drafts = 0
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+
+    def check_finished(self) -> None:
+        pass
+
+    def finished(self) -> bool:
+        return len(self.output_ids) >= self.max_new_tokens
+
+
+class FakeAllocator:
+    """Hands out slots from a counter (page-aligned per request), records frees, owns a KV buffer."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.next = 64
+        self.freed: list[int] = []
+        self.k = [torch.arange(size, dtype=torch.float32).unsqueeze(1).repeat(1, 2)]
+        self.v = [self.k[0] * 10]
+
+    def free(self, slots: torch.Tensor) -> None:
+        self.freed.extend(int(x) for x in slots.tolist())
+
+    def get_kvcache(self):
+        return SimpleNamespace(
+            move_kv_cache=lambda tgt, src: move_kv_cache_native(self.k, self.v, tgt, src)
+        )
+
+
+class FakeBatch:
+    def __init__(self, prefixes: list[int], width: int, page_size: int, max_new: list[int]):
+        bs = len(prefixes)
+        self.reqs = [FakeReq(m) for m in max_new]
+        self.forward_mode = ForwardMode.TARGET_VERIFY
+        self.device = torch.device("cpu")
+        self.sampling_info = None
+        self.seq_lens = torch.tensor(prefixes, dtype=torch.int64)
+        self.seq_lens_cpu = self.seq_lens.clone()
+        self.seq_lens_sum = sum(prefixes)
+        self.req_pool_indices = torch.arange(bs, dtype=torch.int64)
+        self.req_to_token_pool = SimpleNamespace(
+            req_to_token=torch.zeros(bs, 128, dtype=torch.int32)
+        )
+        self.token_to_kv_pool_allocator = FakeAllocator()
+        self.tree_cache = None
+        # The verify window's slots: contiguous after each prefix (as paged allocation does).
+        alloc = self.token_to_kv_pool_allocator
+        locs = []
+        for p in prefixes:
+            start = alloc.next + (-(alloc.next + p) % page_size if page_size > 1 else 0)
+            locs.append(torch.arange(start, start + width))
+            alloc.next = start + width + page_size
+        self.window = torch.cat(locs)
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+
+def allocate_window(batch: FakeBatch) -> None:
+    """Make prepare_for_verify's slot allocation hand out `batch.window` (no tree cache here)."""
+    info.alloc_token_slots = lambda cache, n: batch.window.clone()
+    info.get_last_loc = lambda *a: None
+    info.alloc_paged_token_slots_extend = lambda *a: batch.window.clone()
+
+
+def prepare(verify_input, batch: FakeBatch, page_size: int, build_custom_mask: bool) -> None:
+    """Run the real prepare_for_verify with the window's slots as the allocation."""
+    allocate_window(batch)
+    verify_input.prepare_for_verify(batch, page_size, build_custom_mask=build_custom_mask)
+
+
+def run_verify(
+    verify_input, batch: FakeBatch, logits: torch.Tensor, hidden: torch.Tensor, page_size: int
+):
+    out = LogitsProcessorOutput(next_token_logits=logits.clone(), hidden_states=hidden.clone())
+    new_id, commit, next_hidden, accepted = verify_input.verify(
+        batch=batch, logits_output=out, page_size=page_size
+    )
+    bs = batch.batch_size()
+    return {
+        "output_ids": [r.output_ids for r in batch.reqs],
+        "new_verified_id": new_id.tolist(),
+        "commit_lens": commit.tolist(),
+        "accepted": accepted,
+        "next_hidden": next_hidden[:, 0].tolist(),
+        "req_to_token": [
+            batch.req_to_token_pool.req_to_token[b, : int(batch.seq_lens[b])].tolist()
+            for b in range(bs)
+        ],
+        "seq_lens": batch.seq_lens.tolist(),
+        "seq_lens_sum": batch.seq_lens_sum,
+        "freed": sorted(batch.token_to_kv_pool_allocator.freed),
+        "kv": batch.token_to_kv_pool_allocator.k[0][:, 0].tolist(),
+    }
+
+
+# ---------------------------------------------------------------- draft log-probs
+
+
+def shard_head(
+    w_full: torch.Tensor, org: int, org_padded: int, vocab_padded: int, rank: int, tp: int
+):
+    """One rank's lm_head: SGLang's own shard indices, padding rows filled with a huge value."""
+    idx = VocabParallelEmbedding._get_indices(
+        vocab_padded, org_padded, w_full.shape[0], org, rank, tp
+    )
+    n_org_pad = idx.num_org_elements_padded
+    n_add_pad = idx.padded_added_vocab_end_index - idx.padded_added_vocab_start_index
+    weight = torch.full((n_org_pad + n_add_pad, w_full.shape[1]), 100.0)
+    weight[: idx.num_org_elements] = w_full[idx.org_vocab_start_index : idx.org_vocab_end_index]
+    weight[n_org_pad : n_org_pad + idx.num_added_elements] = w_full[
+        idx.added_vocab_start_index : idx.added_vocab_end_index
+    ]
+    return SimpleNamespace(weight=weight, shard_indices=idx)
+
+
+@check
+def draft_logprobs():
+    torch.manual_seed(0)
+    hidden, k = 8, 4
+    hs = torch.randn(7, hidden)
+    hs[3] = 0  # an all-tie row: ids must come out smallest first
+    results = {}
+    for label, org, org_padded, vocab, vocab_padded in (
+        ("base", 61, 64, 61, 64),
+        ("added", 50, 64, 56, 72),
+    ):
+        w_full = torch.randn(vocab, hidden)
+        logits = hs @ w_full.T
+        want_logp, want_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+        want_logp = (want_logp - torch.logsumexp(logits, dim=-1, keepdim=True))[:, :k]
+        for tp in (1, 2, 4):
+            group = FakeGroup(tp)
+            outs: list = [None] * tp
+
+            def rank_main(rank: int, tp: int, group: FakeGroup, outs: list, head) -> None:
+                group.local.rank = rank
+                outs[rank] = utils.ddtree_topk_logprobs_from_vocab_parallel_head(
+                    hidden_states=hs, lm_head=head, k=k, tp_group=group, chunk_size=3
+                )
+
+            threads = [
+                threading.Thread(
+                    target=rank_main,
+                    args=(
+                        r,
+                        tp,
+                        group,
+                        outs,
+                        shard_head(w_full, org, org_padded, vocab_padded, r, tp),
+                    ),
+                )
+                for r in range(tp)
+            ]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+            results[f"{label}-tp{tp}"] = {
+                "max_logp_err": max(float((o[0] - want_logp).abs().max()) for o in outs),
+                "ids_equal": all(torch.equal(o[1], want_ids[:, :k]) for o in outs),
+                "tie_row_ids": outs[0][1][3].tolist(),
+            }
+    chain = utils.ddtree_chain_logprobs(torch.tensor([[5, 6, 7], [1, 2, 3]]))
+    return {
+        "cases": results,
+        "chain_ids": chain[1].squeeze(-1).tolist(),
+        "chain_logp": chain[0].abs().sum().item(),
+    }
+
+
+# ---------------------------------------------------------------- tree and mask
+
+
+def random_draft(bs: int, depth: int, k: int, vocab: int = 50, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    logp = torch.sort(-torch.rand(bs, depth, k, generator=g) * 3, dim=-1, descending=True).values
+    ids = torch.stack([torch.randperm(vocab, generator=g)[:k] for _ in range(bs * depth)]).view(
+        bs, depth, k
+    )
+    return logp, ids
+
+
+def sglang_layout(ancestor: torch.Tensor, prefixes: list[int]) -> torch.Tensor:
+    """The mask layout DFlash/EAGLE use, written out cell by cell."""
+    cells = []
+    width = ancestor.shape[1]
+    for b, p in enumerate(prefixes):
+        for q in range(width):
+            for c in range(p + width):
+                cells.append(True if c < p else bool(ancestor[b, q, c - p]))
+    return torch.tensor(cells, dtype=torch.bool)
+
+
+@check
+def tree_arrays():
+    width, prefixes = 6, [4, 0, 7]
+    roots = torch.tensor([11, 12, 13])
+    out = {}
+    for budget in (5, 3):
+        logp, ids = random_draft(3, width - 1, 3)
+        vi = info.DDTreeVerifyInput.from_draft(
+            logp=logp,
+            ids=ids,
+            root_tokens=roots,
+            prefix_lens=torch.tensor(prefixes),
+            prefix_lens_cpu=torch.tensor(prefixes),
+            budget=budget,
+            width=width,
+        )
+        ref = reference.build_tree(logp, ids, roots, torch.tensor(prefixes), budget)
+        n = budget + 1
+        tokens = vi.draft_token.view(3, width)
+        pos = vi.positions.view(3, width)
+        anc = torch.eye(width, dtype=torch.bool).repeat(3, 1, 1)
+        anc[:, :n, :n] = ref.ancestor_mask
+        rows = torch.arange(3).unsqueeze(1) * width + torch.arange(width)
+        real = torch.arange(width) < ref.num_nodes.unsqueeze(1)
+        out[f"budget{budget}"] = {
+            "tokens": torch.equal(tokens[:, :n], ref.tokens) and bool((tokens[:, n:] == 0).all()),
+            "positions": torch.equal(pos[:, :n], ref.positions)
+            and torch.equal(pos[:, n:], torch.tensor(prefixes).unsqueeze(1).expand(3, width - n)),
+            "parents": torch.equal(vi.parents[:, :n], ref.parents)
+            and bool((vi.parents[:, n:] == -1).all()),
+            "next_token": torch.equal(vi.retrieve_next_token[:, :n], ref.retrieve_next_token),
+            "next_sibling": torch.equal(vi.retrieve_next_sibling[:, :n], ref.retrieve_next_sibling),
+            "retrieve_index": torch.equal(vi.retrieve_index, torch.where(real, rows, -1)),
+            "mask": torch.equal(vi.tree_mask, sglang_layout(anc, prefixes)),
+            "mask_numel": vi.tree_mask.numel()
+            == sum(p * width for p in prefixes) + 3 * width * width,
+            "draft_token_num": vi.draft_token_num,
+            "is_dflash_verify": isinstance(vi, info.DFlashVerifyInput)
+            and vi.spec_input_type.name == "DFLASH_VERIFY",
+        }
+    # shadow_linear: the chain's tree mask is DFlash's own causal mask (its real builder).
+    chain = torch.tensor([[21, 22, 23, 24, 25], [31, 32, 33, 34, 35], [41, 42, 43, 44, 45]])
+    logp, ids = utils.ddtree_chain_logprobs(chain)
+    shadow = info.DDTreeVerifyInput.from_draft(
+        logp=logp,
+        ids=ids,
+        root_tokens=roots,
+        prefix_lens=torch.tensor(prefixes),
+        prefix_lens_cpu=torch.tensor(prefixes),
+        budget=width - 1,
+        width=width,
+        shadow=True,
+    )
+    dflash = info.DFlashVerifyInput(
+        draft_token=torch.cat([roots.unsqueeze(1), chain], 1).reshape(-1),
+        positions=(torch.tensor(prefixes).unsqueeze(1) + torch.arange(width)).reshape(-1),
+        draft_token_num=width,
+    )
+    prepare(dflash, FakeBatch(prefixes, width, 1, [99] * 3), 1, True)
+    masks = {}
+    for build in (True, False):
+        vi = copy.deepcopy(shadow)
+        prepare(vi, FakeBatch(prefixes, width, 1, [99] * 3), 1, build)
+        masks[str(build)] = (
+            None if vi.custom_mask is None else torch.equal(vi.custom_mask, dflash.custom_mask)
+        )
+    tree_vi = info.DDTreeVerifyInput.from_draft(
+        logp=random_draft(3, width - 1, 3)[0],
+        ids=random_draft(3, width - 1, 3)[1],
+        root_tokens=roots,
+        prefix_lens=torch.tensor(prefixes),
+        prefix_lens_cpu=torch.tensor(prefixes),
+        budget=5,
+        width=width,
+    )
+    prepare(tree_vi, FakeBatch(prefixes, width, 1, [99] * 3), 1, False)
+    out["shadow"] = {
+        "tokens": torch.equal(shadow.draft_token, dflash.draft_token),
+        "positions": torch.equal(shadow.positions, dflash.positions),
+        "mask_with_dflash_policy": masks["True"],
+        "mask_without_dflash_policy": masks["False"],
+    }
+    out["tree_mask_kept_when_policy_says_none"] = tree_vi.custom_mask is not None and torch.equal(
+        tree_vi.custom_mask, tree_vi.tree_mask
+    )
+    return out
+
+
+# ---------------------------------------------------------------- accept and commit
+
+
+def walk_by_hand(tokens, parents, target, b):
+    """Plain-Python tree walk: follow the child whose token is the target's, lowest index first."""
+    path, cur = [0], 0
+    while True:
+        kids = [
+            i
+            for i in range(tokens.shape[1])
+            if parents[b, i] == cur and tokens[b, i] == target[b, cur]
+        ]
+        if not kids:
+            return path, int(target[b, cur])
+        cur = kids[0]
+        path.append(cur)
+
+
+@check
+def accept_commit():
+    width, prefixes, vocab = 6, [4, 9], 60
+    roots = torch.tensor([11, 12])
+    logp, ids = random_draft(2, width - 1, 3, vocab=vocab, seed=3)
+    out = {}
+    for page_size in (1, 4):
+        vi = info.DDTreeVerifyInput.from_draft(
+            logp=logp,
+            ids=ids,
+            root_tokens=roots,
+            prefix_lens=torch.tensor(prefixes),
+            prefix_lens_cpu=torch.tensor(prefixes),
+            budget=width - 1,
+            width=width,
+        )
+        tokens, parents = vi.draft_token.view(2, width), vi.parents
+        # The target agrees with a deep branch: at each node it names the token of the node's
+        # *last* child (not the first), ending with a token outside the tree (the bonus).
+        target = torch.full((2, width), 59)
+        for b in range(2):
+            for i in range(width):
+                kids = [j for j in range(width) if parents[b, j] == i]
+                if kids:
+                    target[b, i] = tokens[b, kids[-1]]
+        logits = torch.full((2 * width, vocab), -5.0)
+        logits[torch.arange(2 * width), target.reshape(-1)] = 5.0
+        hidden = torch.arange(2 * width, dtype=torch.float32).unsqueeze(1).repeat(1, 3)
+        batch = FakeBatch(prefixes, width, page_size, [99, 3])
+        prepare(vi, batch, page_size, True)
+        window = batch.window.view(2, width)
+        got = run_verify(vi, batch, logits, hidden, page_size)
+        want_tokens, want_commit, want_hidden, want_slots, want_kv = [], [], [], [], []
+        for b in range(2):
+            path, _ = walk_by_hand(tokens, parents, target, b)
+            emitted = [int(target[b, i]) for i in path[:-1]] + [int(target[b, path[-1]])]
+            emitted = emitted[: batch.reqs[b].max_new_tokens]
+            commit = len(emitted)
+            want_tokens.append(emitted)
+            want_commit.append(commit)
+            want_hidden += [float(b * width + i) for i in path[:commit]]
+            if page_size == 1:
+                want_slots.append([int(window[b, i]) for i in path[:commit]])
+            else:
+                want_slots.append(window[b, :commit].tolist())
+                want_kv.append([float(window[b, i]) for i in path[:commit]])
+            out.setdefault(f"path_depth_p{page_size}", []).append(len(path) - 1)
+        out[f"page{page_size}"] = {
+            "tokens": got["output_ids"] == want_tokens,
+            "commit_lens": got["commit_lens"] == want_commit,
+            "hidden_rows_in_path_order": got["next_hidden"] == want_hidden,
+            "committed_slots": [got["req_to_token"][b][prefixes[b] :] for b in range(2)]
+            == want_slots,
+            "committed_kv": page_size == 1
+            or [[got["kv"][s] for s in got["req_to_token"][b][prefixes[b] :]] for b in range(2)]
+            == want_kv,
+            "freed_is_rest_of_window": page_size > 1
+            or got["freed"]
+            == sorted(set(batch.window.tolist()) - {s for r in want_slots for s in r}),
+            "bonus_is_last_emitted": got["new_verified_id"] == [t[-1] for t in want_tokens],
+            "seq_lens": got["seq_lens"]
+            == [p + c for p, c in zip(prefixes, want_commit, strict=True)],
+            "accept_index_root_first": vi.accept_index[:, 0].tolist() == [0, 0],
+            "node_steps": vi.committed_node_steps(torch.tensor(want_commit) - 1).tolist()
+            == [walk_by_hand(tokens, parents, target, b)[0][want_commit[b] - 1] for b in range(2)],
+        }
+    steps = info.DDTreeVerifyInput(
+        draft_token=torch.zeros(8, dtype=torch.int64),
+        positions=torch.zeros(8, dtype=torch.int64),
+        draft_token_num=4,
+        accept_index=torch.tensor([[0, 2, 3, -1], [0, -1, -1, -1]]),
+    ).committed_node_steps(torch.tensor([2, -1]))
+    out["node_steps_keep_minus_one"] = steps.tolist()
+    out["path_order"] = utils.ddtree_path_order(
+        torch.tensor([[0, 3, 5, -1, -1, -1], [0, -1, -1, -1, -1, -1]]), 6
+    ).tolist()
+    return out
+
+
+# ---------------------------------------------------------------- shadow_linear == DFLASH
+
+
+@check
+def shadow_equals_dflash():
+    width, prefixes, vocab = 6, [4, 9, 2], 40
+    roots = torch.tensor([11, 12, 13])
+    g = torch.Generator().manual_seed(5)
+    draft_logits = torch.randn(3, width - 1, vocab, generator=g)
+    chain = torch.argmax(draft_logits, dim=-1)  # what DFlash's argmax head gives
+    # Target logits: agree with the chain for a per-request number of steps, then differ.
+    target = torch.randint(0, vocab, (3, width), generator=g)
+    for b, agree in enumerate((2, 5, 0)):
+        target[b, :agree] = chain[b, :agree]
+        if agree < width - 1:
+            target[b, agree] = (chain[b, agree] + 1) % vocab
+    logits = torch.randn(3 * width, vocab, generator=g)
+    logits[torch.arange(3 * width), target.reshape(-1)] = 20.0
+    hidden = torch.randn(3 * width, 4, generator=g)
+    out = {}
+    for page_size in (1, 4):
+        for sampled in (False, True):
+            for max_new in ([99, 99, 99], [99, 2, 99]):
+                results = []
+                for algo in ("DFLASH", "DDTREE"):
+                    batch = FakeBatch(prefixes, width, page_size, max_new)
+                    if sampled:
+                        batch.sampling_info = _Sampling(3)
+                    if algo == "DFLASH":
+                        vi = info.DFlashVerifyInput(
+                            draft_token=torch.cat([roots.unsqueeze(1), chain], 1).reshape(-1),
+                            positions=(
+                                torch.tensor(prefixes).unsqueeze(1) + torch.arange(width)
+                            ).reshape(-1),
+                            draft_token_num=width,
+                        )
+                    else:
+                        logp, ids = utils.ddtree_chain_logprobs(chain)
+                        vi = info.DDTreeVerifyInput.from_draft(
+                            logp=logp,
+                            ids=ids,
+                            root_tokens=roots,
+                            prefix_lens=torch.tensor(prefixes),
+                            prefix_lens_cpu=torch.tensor(prefixes),
+                            budget=width - 1,
+                            width=width,
+                            shadow=True,
+                        )
+                    prepare(vi, batch, page_size, True)
+                    res = run_verify(vi, batch, logits, hidden, page_size)
+                    res["mask"] = vi.custom_mask.tolist()
+                    results.append(res)
+                key = f"p{page_size}-{'sampled' if sampled else 'greedy'}-max{max_new[1]}"
+                out[key] = {
+                    "equal": results[0] == results[1],
+                    "diff": sorted(k for k in results[0] if results[0][k] != results[1][k]),
+                    "accepted": results[0]["accepted"],
+                }
+    return out
+
+
+class _Sampling:
+    """Sampling info of a non-greedy batch without penalties or custom processors (test double)."""
+
+    is_all_greedy = False
+    has_custom_logit_processor = False
+    logit_bias = None
+    penalizer_orchestrator = SimpleNamespace(is_required=False)
+
+    def __init__(self, bs: int) -> None:
+        self.bs = bs
+
+    def __len__(self) -> int:
+        return self.bs
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+@check
+def helpers():
+    out = {}
+    args = lambda **kw: SimpleNamespace(  # noqa: E731
+        **{
+            "speculative_ddtree_mode": "tree",
+            "speculative_ddtree_budget": 15,
+            "speculative_ddtree_topk": 8,
+            "speculative_ddtree_allow_hybrid_unsafe": False,
+            "speculative_algorithm": "DDTREE",
+            **kw,
+        }
+    )
+    out["mask_policy"] = [
+        utils.ddtree_build_custom_mask(args(), False),
+        utils.ddtree_build_custom_mask(args(speculative_ddtree_mode="shadow_linear"), False),
+        utils.ddtree_build_custom_mask(args(speculative_ddtree_mode="shadow_linear"), True),
+        utils.ddtree_build_custom_mask(args(speculative_algorithm="DFLASH"), False),
+        utils.ddtree_build_custom_mask(
+            args(speculative_algorithm=SimpleNamespace(name="DDTREE")), False
+        ),
+    ]
+
+    def config(**kw):
+        hybrid = kw.pop("hybrid", False)
+        try:
+            cfg = utils.DDTreeConfig.from_server_args(
+                args(**kw), block_size=16, is_hybrid=hybrid, device="cpu"
+            )
+            return {"ok": True, "shadow": cfg.shadow, "budget": cfg.budget, "topk": cfg.topk}
+        except (ValueError, RuntimeError) as e:
+            return {"ok": False, "error": str(e)}
+
+    out["config"] = {
+        "plain": config(),
+        "hybrid_tree": config(hybrid=True),
+        "hybrid_tree_allowed": config(hybrid=True, speculative_ddtree_allow_hybrid_unsafe=True),
+        "hybrid_shadow": config(hybrid=True, speculative_ddtree_mode="shadow_linear"),
+        "budget_too_big": config(speculative_ddtree_budget=16),
+    }
+    saved = sys.modules.get("ddtree_kernels")
+    sys.modules["ddtree_kernels"] = None  # import fails as if the package were missing
+    try:
+        out["config"]["kernels_missing"] = config()
+    finally:
+        sys.modules["ddtree_kernels"] = saved
+
+    # Target tokens: greedy = argmax; sampled = inverse CDF of the filtered softmax.
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(6, 30, generator=g)
+    out["greedy_is_argmax"] = torch.equal(
+        utils.ddtree_target_tokens(next_token_logits=logits, sampling_info=None, draft_token_num=3),
+        torch.argmax(logits, dim=-1),
+    )
+    sampling = SimpleNamespace(
+        is_all_greedy=False,
+        temperatures=torch.tensor([[0.7], [1.3]]),
+        top_ks=torch.tensor([1, 5]),
+        top_ps=torch.tensor([1.0, 0.6]),
+        need_top_p_sampling=True,
+    )
+    uniforms = torch.rand(6, generator=g)
+    got = utils.ddtree_target_tokens(
+        next_token_logits=logits, sampling_info=sampling, draft_token_num=3, uniforms=uniforms
+    )
+    want = []
+    for r in range(6):
+        b = r // 3
+        x = logits[r] / sampling.temperatures[b, 0]
+        order = torch.argsort(x, descending=True)[: int(sampling.top_ks[b])]
+        p = torch.softmax(x[order], dim=0)
+        keep = (torch.cumsum(p, 0) - p) <= sampling.top_ps[b]
+        p = torch.where(keep, p, 0.0)
+        p = p / p.sum()
+        want.append(
+            int(
+                order[
+                    int(
+                        torch.searchsorted(
+                            torch.cumsum(p, 0), uniforms[r] * p.sum(), right=True
+                        ).clamp(max=len(p) - 1)
+                    )
+                ]
+            )
+        )
+    out["sampled_tokens"] = {"got": got.tolist(), "want": want}
+    out["top_k1_is_argmax"] = got[:3].tolist() == torch.argmax(logits[:3], dim=-1).tolist()
+    return out
+
+
+# ---------------------------------------------------------------- hunks in modules that need a GPU
+
+
+def function_from(path: Path, qualname: str, namespace: dict):
+    """Compile one method of a patched module that cannot import on CPU, with given globals."""
+    cls, name = qualname.split(".")
+    tree = ast.parse(path.read_text())
+    node = next(
+        f
+        for c in tree.body
+        if isinstance(c, ast.ClassDef) and c.name == cls
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == name
+    )
+    exec(
+        compile(textwrap.dedent(ast.get_source_segment(path.read_text(), node)), str(path), "exec"),
+        namespace,
+    )
+    return namespace[name]
+
+
+@check
+def worker_and_server_hunks():
+    import sglang
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.server_args import ServerArgs
+
+    root = Path(sglang.__file__).parent / "srt"
+    out = {}
+    calls = []
+    ns = {
+        "torch": torch,
+        "Optional": __import__("typing").Optional,
+        "ScheduleBatch": ScheduleBatch,
+        "ForwardMode": ForwardMode,
+        "DDTreeVerifyInput": info.DDTreeVerifyInput,
+        "DFlashVerifyInput": info.DFlashVerifyInput,
+        "ddtree_chain_logprobs": utils.ddtree_chain_logprobs,
+        "ddtree_topk_logprobs_from_vocab_parallel_head": utils.ddtree_topk_logprobs_from_vocab_parallel_head,
+        "resolve_dflash_verify_mask_policy": utils.resolve_dflash_verify_mask_policy,
+        "ddtree_build_custom_mask": utils.ddtree_build_custom_mask,
+        "get_tp_group": lambda: FakeGroup(1),
+    }
+    prepare_fn = function_from(
+        root / "speculative/dflash_worker.py", "DFlashWorker._prepare_ddtree_verify", ns
+    )
+    torch.manual_seed(2)
+    bs, width, hidden_size, vocab = 2, 5, 8, 30
+    w = torch.randn(vocab, hidden_size)
+    head = SimpleNamespace(
+        weight=w,
+        shard_indices=VocabParallelEmbedding._get_indices(vocab, vocab, vocab, vocab, 0, 1),
+    )
+    draft_hidden = torch.randn(bs, width, hidden_size)
+
+    class FlashInferAttnBackend:  # named like the real one: DFlash's policy builds no mask for it
+        pass
+
+    for mode in ("tree", "shadow_linear"):
+        worker = SimpleNamespace(
+            ddtree=SimpleNamespace(shadow=mode == "shadow_linear", topk=3, budget=width - 1),
+            block_size=width,
+            page_size=1,
+            server_args=SimpleNamespace(
+                speculative_algorithm="DDTREE", speculative_ddtree_mode=mode
+            ),
+            model_runner=SimpleNamespace(attn_backend=FlashInferAttnBackend()),
+            _greedy_sample_from_vocab_parallel_head=lambda hidden_states, lm_head: (
+                calls.append("argmax") or torch.argmax(hidden_states @ lm_head.weight.T, dim=-1)
+            ),
+        )
+        batch = FakeBatch([3, 6], width, 1, [99, 99])
+        batch.forward_mode = ForwardMode.DECODE
+        allocate_window(batch)
+        prepare_fn(worker, batch, draft_hidden, torch.tensor([1, 2]), head)
+        vi = batch.spec_info
+        logits = draft_hidden[:, 1:] @ w.T
+        if mode == "tree":
+            top = reference.topk_logprobs(logits, 3)
+            ref = reference.build_tree(
+                top.logp, top.ids, torch.tensor([1, 2]), torch.tensor([3, 6]), width - 1
+            )
+        else:
+            ref_tokens = torch.cat([torch.tensor([[1], [2]]), torch.argmax(logits, dim=-1)], 1)
+            ref = SimpleNamespace(
+                tokens=ref_tokens, positions=torch.tensor([[3], [6]]) + torch.arange(width)
+            )
+        out[mode] = {
+            "verify_type": type(vi).__name__,
+            "target_verify": batch.forward_mode == ForwardMode.TARGET_VERIFY,
+            "tokens": torch.equal(vi.draft_token.view(bs, width), ref.tokens),
+            "positions": torch.equal(vi.positions.view(bs, width), ref.positions),
+            "has_mask": vi.custom_mask is not None,
+            "req_to_token": batch.req_to_token_pool.req_to_token[0, 3 : 3 + width].tolist()
+            == batch.window[:width].tolist(),
+        }
+    out["argmax_calls"] = calls
+
+    def refusal(backends, mode="tree", device="cuda"):
+        fake = SimpleNamespace(
+            speculative_ddtree_mode=mode, device=device, get_attention_backends=lambda: backends
+        )
+        try:
+            ServerArgs._handle_ddtree_attention_backend(fake)
+            return None
+        except ValueError as e:
+            return str(e)
+
+    out["refusals"] = {
+        "fa3": refusal(("fa3", "fa3")),
+        "trtllm_mha": refusal(("trtllm_mha", "trtllm_mha")),
+        "flashinfer": refusal(("flashinfer", "flashinfer")),
+        "triton": refusal(("triton", "triton")),
+        "mixed": refusal(("flashinfer", "fa3")),
+        "shadow_fa3": refusal(("fa3", "fa3"), mode="shadow_linear"),
+        "cpu": refusal(("intel_amx", "intel_amx"), device="cpu"),
+    }
+    fake = SimpleNamespace(speculative_algorithm="DDTREE", speculative_ddtree_mode="tree")
+    model_config = SimpleNamespace(hf_config=SimpleNamespace(architectures=["Qwen3ForCausalLM"]))
+    out["default_backend_tree"] = ServerArgs._get_default_attn_backend(fake, False, model_config)
+    return out
+
+
+if __name__ == "__main__":
+    print("@@RESULT@@" + json.dumps(CHECKS[sys.argv[1]]()))

@@ -1,0 +1,204 @@
+"""The 0.5.11 DDTREE verify-path patches: whole series with GNU patch, gate audit, and the
+added functions called from the patched SGLang in the staging venv (see checks.py).
+
+The staging venv (real SGLang 0.5.11 + torch, CPU) lives at
+~/.local/share/ddtree-deploy/local/sglang-0.5.11; without it the SGLang-side tests skip, or fail
+when DDTREE_REQUIRE_STAGING=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+
+import pytest
+from patching.trees import real_patch_set
+
+from ddtree_deploy.hosts.local import LocalHost
+from ddtree_deploy.hosts.state import HostStateStore
+from ddtree_deploy.patching.audit import audit
+from ddtree_deploy.patching.engine import apply_patch_set
+from ddtree_deploy.patching.manifest import patch_sets_root
+
+RELEASE = "0.5.11"
+REPO = Path(__file__).resolve().parents[4]
+CHECKS = Path(__file__).with_name("checks.py")
+STAGING_PYTHON = (
+    Path(os.environ.get("DDTREE_DEPLOY_HOME", Path.home() / ".local/share/ddtree-deploy"))
+    / "local" / "sglang-0.5.11" / "bin" / "python"
+)  # fmt: skip
+
+
+def _gnu_patch_series(site: Path) -> None:
+    for patch in real_patch_set(RELEASE).patches:
+        subprocess.run(
+            ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-s", "-i",
+             str(patch_sets_root() / RELEASE / patch.name)],
+            cwd=site, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def patched_site(
+    pristine_root: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The pristine wheel's files with the whole series applied by `patch -p1 --fuzz=0`."""
+    site = tmp_path_factory.mktemp("patched-0511")
+    shutil.copytree(pristine_root(RELEASE) / "sglang", site / "sglang")
+    _gnu_patch_series(site)
+    return site
+
+
+def test_gnu_patch_applies_series_and_reaches_recorded_hashes(patched_site: Path) -> None:
+    import hashlib
+
+    final = {}
+    for patch in real_patch_set(RELEASE).patches:
+        for f in patch.files:
+            final[str(f.path)] = f.sha256_after
+    assert {"sglang/srt/speculative/dflash_worker.py", "sglang/srt/speculative/dflash_info.py",
+            "sglang/srt/speculative/dflash_utils.py",
+            "sglang/srt/model_executor/cuda_graph_runner.py"} <= set(final)  # fmt: skip
+    got = {p: hashlib.sha256((patched_site / p).read_bytes()).hexdigest() for p in final}
+    assert got == final
+
+
+def test_audit_of_patched_release_has_no_unreviewed_gate(
+    make_tree: Callable[[str], Path], host: LocalHost, state: HostStateStore
+) -> None:
+    patch_set = real_patch_set(RELEASE)
+    site = PurePosixPath(make_tree(RELEASE))
+    apply_patch_set(host, site, patch_set, state)
+    report = audit(host, site, patch_set, state)
+    assert [f"{g.site.file}:{g.site.line}" for g in report.unreviewed] == []
+    assert report.passed
+
+
+def _staging_python() -> Path:
+    if STAGING_PYTHON.is_file():
+        return STAGING_PYTHON
+    reason = f"SGLang 0.5.11 staging venv not found at {STAGING_PYTHON}"
+    if os.environ.get("DDTREE_REQUIRE_STAGING") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def run_check(patched_site: Path) -> Callable[[str], dict]:
+    python = _staging_python()
+    results: dict[str, dict] = {}
+
+    def run(name: str) -> dict:
+        if name not in results:
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            env.update(
+                PYTHONPATH=f"{patched_site}{os.pathsep}{REPO / 'kernels'}",
+                TRITON_INTERPRET="1",  # SGLang's Triton req_to_token writer on CPU tensors
+                CUDA_VISIBLE_DEVICES="",
+            )
+            proc = subprocess.run(
+                [str(python), str(CHECKS), name], capture_output=True, text=True, env=env,
+                cwd=patched_site, timeout=600,
+            )  # fmt: skip
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@RESULT@@")]
+            assert lines, f"{name} failed:\n{proc.stderr[-3000:]}"
+            results[name] = json.loads(lines[-1][len("@@RESULT@@") :])
+        return results[name]
+
+    return run
+
+
+def test_checks_import_the_patched_copy(run_check: Callable[[str], dict]) -> None:
+    # worker_and_server_hunks reads the worker source next to the imported sglang package.
+    assert run_check("worker_and_server_hunks")["tree"]["verify_type"] == "DDTreeVerifyInput"
+
+
+def test_draft_logprobs_equal_plain_torch_incl_tp_merge(run_check: Callable[[str], dict]) -> None:
+    got = run_check("draft_logprobs")
+    assert set(got["cases"]) == {f"{v}-tp{t}" for v in ("base", "added") for t in (1, 2, 4)}
+    for case, res in got["cases"].items():
+        assert res["ids_equal"], case
+        assert res["max_logp_err"] < 1e-5, case
+        assert res["tie_row_ids"] == [0, 1, 2, 3], case  # ties go to the smaller token id
+    assert got["chain_ids"] == [[5, 6, 7], [1, 2, 3]] and got["chain_logp"] == 0.0
+
+
+@pytest.mark.parametrize("budget", ["budget5", "budget3"])  # full width, and padded to it
+def test_tree_arrays_and_mask_match_kernels_and_sglang_layout(
+    run_check: Callable[[str], dict], budget: str
+) -> None:
+    res = run_check("tree_arrays")[budget]
+    assert res.pop("draft_token_num") == 6
+    assert all(res.values()), res
+
+
+def test_shadow_chain_mask_is_dflash_causal_mask(run_check: Callable[[str], dict]) -> None:
+    got = run_check("tree_arrays")
+    assert got["shadow"] == {
+        "tokens": True,
+        "positions": True,
+        "mask_with_dflash_policy": True,
+        "mask_without_dflash_policy": None,  # DFlash builds none for such backends either
+    }
+    assert got["tree_mask_kept_when_policy_says_none"]
+
+
+@pytest.mark.parametrize("page", ["page1", "page4"])
+def test_accept_commit_path_ordered_kv_and_hidden(
+    run_check: Callable[[str], dict], page: str
+) -> None:
+    got = run_check("accept_commit")
+    assert all(got[page].values()), got[page]
+    # the chosen branch is a deep one through non-first children, so reordering is exercised
+    assert max(got[f"path_depth_p{page[4:]}"]) >= 2
+    assert got["node_steps_keep_minus_one"] == [3, -1]
+    assert got["path_order"] == [[0, 3, 5, 1, 2, 4], [0, 1, 2, 3, 4, 5]]
+
+
+def test_shadow_linear_equals_dflash_verify(run_check: Callable[[str], dict]) -> None:
+    got = run_check("shadow_equals_dflash")
+    assert len(got) == 8
+    for case, res in got.items():
+        assert res["equal"], (case, res["diff"])
+    assert got["p1-greedy-max99"]["accepted"] == [2, 5, 0]
+    assert got["p1-greedy-max2"]["accepted"] == [2, 1, 0]  # a request finishing mid-block
+
+
+def test_helpers_config_and_target_tokens(run_check: Callable[[str], dict]) -> None:
+    got = run_check("helpers")
+    assert got["mask_policy"] == [True, False, True, False, True]
+    cfg = got["config"]
+    assert cfg["plain"] == {"ok": True, "shadow": False, "budget": 15, "topk": 8}
+    assert not cfg["hybrid_tree"]["ok"] and "shadow_linear" in cfg["hybrid_tree"]["error"]
+    assert "--speculative-ddtree-allow-hybrid-unsafe" in cfg["hybrid_tree"]["error"]
+    assert cfg["hybrid_tree_allowed"]["ok"] and cfg["hybrid_shadow"]["ok"]
+    assert not cfg["budget_too_big"]["ok"]
+    assert not cfg["kernels_missing"]["ok"]
+    assert "needs the `ddtree_kernels` package" in cfg["kernels_missing"]["error"]
+    assert got["greedy_is_argmax"] and got["top_k1_is_argmax"]
+    assert got["sampled_tokens"]["got"] == got["sampled_tokens"]["want"]
+
+
+def test_worker_hunk_builds_tree_verify_input(run_check: Callable[[str], dict]) -> None:
+    got = run_check("worker_and_server_hunks")
+    for mode in ("tree", "shadow_linear"):
+        res = got[mode]
+        assert res["verify_type"] == "DDTreeVerifyInput"
+        assert res["target_verify"] and res["tokens"] and res["positions"] and res["req_to_token"]
+    assert got["tree"]["has_mask"]  # a tree always carries its mask
+    assert not got["shadow_linear"]["has_mask"]  # DFlash's FlashInfer policy: no mask
+    assert got["argmax_calls"] == ["argmax"]  # shadow uses DFlash's own argmax head, once
+
+
+def test_attention_backend_refusal_and_default(run_check: Callable[[str], dict]) -> None:
+    got = run_check("worker_and_server_hunks")
+    refusals = got["refusals"]
+    for backend in ("fa3", "trtllm_mha", "mixed"):
+        assert "only flashinfer and triton" in refusals[backend], backend
+    assert refusals["flashinfer"] is None and refusals["triton"] is None
+    assert refusals["shadow_fa3"] is None and refusals["cpu"] is None
+    assert got["default_backend_tree"] in ("flashinfer", "triton")
