@@ -14,10 +14,8 @@ Both accept the `HostFacts` already probed (`facts=`) to save a round trip. Afte
 apply, state.json holds `kernels: {key, digest, variant, wheel, wheel_sha256, record_sha256}`:
 compare `digest` across generations to decide whether SGLang must restart.
 
-`rollout.steps.Step` wants `StepPlan`/`StepResult`; the statuses here carry the same values, so
-the pipeline's adapter is `StepPlan(rollout.PlanStatus(plan.status.value), plan.reason)` and
-`StepResult(rollout.ResultStatus(result.status.value), result.reason)` (kernel_build may not
-import rollout: dependencies point from rollout to the rooms).
+The statuses are the shared ones of `ddtree_deploy.steps`; the pipeline wraps the richer plan
+and result into its `StepPlan`/`StepResult` rows.
 """
 
 from ddtree_deploy.kernel_build.errors import (
@@ -32,10 +30,9 @@ from ddtree_deploy.kernel_build.step import (
     KernelsPlan,
     KernelsResult,
     KernelsStep,
-    PlanStatus,
-    ResultStatus,
     WheelSource,
 )
+from ddtree_deploy.steps import PlanStatus, ResultStatus
 
 __all__ = [
     "KernelBuildError",

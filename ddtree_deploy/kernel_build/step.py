@@ -49,6 +49,7 @@ from ddtree_deploy.kernel_build.key import (
 )
 from ddtree_deploy.kernel_build.smoke import SMOKE_SCRIPT, SmokeReport, parse_smoke_output
 from ddtree_deploy.report.events import emit
+from ddtree_deploy.steps import PlanStatus, ResultStatus
 
 # Prints the sha256 of the installed ddtree-kernels' RECORD, or nothing when it is not installed.
 _RECORD_PROBE = """
@@ -68,17 +69,6 @@ _PIP_QUIET = ("--no-input", "--disable-pip-version-check")
 def default_source_dir() -> Path:
     """`kernels/` of the checkout this package runs from (an editable install)."""
     return Path(__file__).resolve().parents[2] / "kernels"
-
-
-class PlanStatus(StrEnum):
-    ok = "ok"
-    would_change = "would_change"
-    unknown = "unknown"
-
-
-class ResultStatus(StrEnum):
-    ok = "ok"
-    changed = "changed"
 
 
 class WheelSource(StrEnum):
@@ -174,17 +164,17 @@ class KernelsStep:
         try:
             key = self.key(facts or probe_facts(host, self.python))
         except KernelBuildError as err:
-            return KernelsPlan(PlanStatus.unknown, str(err))
+            return KernelsPlan(PlanStatus.UNKNOWN, str(err))
         if self._installed(host, key):
             return KernelsPlan(
-                PlanStatus.ok, f"kernels {key.slug} already installed", key, WheelSource.installed
+                PlanStatus.OK, f"kernels {key.slug} already installed", key, WheelSource.installed
             )
         flavour = self._flavour(key)
         if WheelCache(self.cache_dir).get(key) is not None:
             reason = f"install cached wheel {key.slug} ({flavour})"
-            return KernelsPlan(PlanStatus.would_change, reason, key, WheelSource.cache)
+            return KernelsPlan(PlanStatus.WOULD_CHANGE, reason, key, WheelSource.cache)
         reason = f"build {key.slug} on {host.name} ({flavour}), then install it"
-        return KernelsPlan(PlanStatus.would_change, reason, key, WheelSource.build)
+        return KernelsPlan(PlanStatus.WOULD_CHANGE, reason, key, WheelSource.build)
 
     def apply(self, host: ShellHost, facts: HostFacts | None = None) -> KernelsResult:
         """Bring the venv to the key's wheel; `ok` (smoke-tested) when it already has it."""
@@ -196,7 +186,7 @@ class KernelsStep:
             reason = f"kernels {key.slug} already installed; {smoke.summary}"
             emit("kernels.unchanged", host=host.name, key=key.slug, message=reason)
             return KernelsResult(
-                ResultStatus.ok, reason, key, WheelSource.installed,
+                ResultStatus.OK, reason, key, WheelSource.installed,
                 entry["wheel_sha256"], smoke, self.staging,
             )  # fmt: skip
         workdir = PurePosixPath(
@@ -247,7 +237,7 @@ class KernelsStep:
         reason = f"installed kernels {key.slug} ({how}); {smoke.summary}"
         emit("kernels.done", host=host.name, key=key.slug, source=source.value, message=reason)
         return KernelsResult(
-            ResultStatus.changed, reason, key, source, cached.sha256, smoke, self.staging
+            ResultStatus.CHANGED, reason, key, source, cached.sha256, smoke, self.staging
         )
 
     def _build(

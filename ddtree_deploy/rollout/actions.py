@@ -21,11 +21,11 @@ from ddtree_deploy.rollout.pipeline import prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status
-from ddtree_deploy.rollout.steps import check_steps
 from ddtree_deploy.rollout.validation_flow import deploy_validated
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
 from ddtree_deploy.service.secret import load_api_key
+from ddtree_deploy.steps import check_steps
 from ddtree_deploy.validate.record import ValidationRecord
 
 

@@ -8,7 +8,7 @@ from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import boundary
-from ddtree_deploy.rollout.steps import PlanStatus, Step, StepReport
+from ddtree_deploy.steps import PlanStatus, Step, StepReport
 
 
 def apply_steps(

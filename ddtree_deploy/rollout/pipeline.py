@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import ClassVar
 
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import probe_facts
+from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
@@ -24,10 +26,10 @@ from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
-from ddtree_deploy.rollout.steps import PlanStatus, Step, StepReport, check_steps
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
 from ddtree_deploy.service.secret import Secret, load_api_key
+from ddtree_deploy.steps import PlanStatus, Step, StepPlan, StepReport, StepResult, check_steps
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,26 @@ def patch_steps(cfg: DeployConfig) -> list[Step]:
     return []
 
 
+@dataclass(frozen=True)
+class KernelsDeployStep:
+    """Build or reuse ddtree-kernels for the host's ABI, install it, smoke-test it."""
+
+    name: ClassVar[str] = KernelsStep.name
+    restarts_service: ClassVar[bool] = KernelsStep.restarts_service
+    step: KernelsStep
+
+    def check(self, host: ShellHost) -> StepPlan:
+        plan = self.step.check(host)
+        return StepPlan(plan.status, plan.reason)
+
+    def apply(self, host: ShellHost) -> StepResult:
+        result = self.step.apply(host)
+        return StepResult(result.status, result.reason)
+
+
 def kernel_steps(cfg: DeployConfig) -> list[Step]:
-    """Hook for the kernel builder's install step (`restarts_service = True`), not wired in yet."""
-    return []
+    """The kernels step; SGLang imports the kernels only at start, so a change owes a restart."""
+    return [KernelsDeployStep(KernelsStep.from_config(cfg))]
 
 
 def validation_gates(cfg: DeployConfig) -> list[Gate]:

@@ -23,10 +23,10 @@ from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles, config_hash
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
-from ddtree_deploy.rollout.steps import StepReport
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import algo_summary, render_service
 from ddtree_deploy.service.secret import load_api_key
+from ddtree_deploy.steps import StepReport
 
 _ALGO_ARG = re.compile(r"--speculative-algorithm\s+\"?(?P<algo>[A-Z0-9_]+)")
 

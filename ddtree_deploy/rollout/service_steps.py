@@ -15,9 +15,9 @@ from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles
 from ddtree_deploy.rollout.killpoints import boundary
-from ddtree_deploy.rollout.steps import Step, StepPlan, StepResult, unified_diff
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import RenderedService
+from ddtree_deploy.steps import Step, StepPlan, StepResult, unified_diff
 
 ENV_MODE = 0o600
 UNIT_MODE = 0o644

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path, PurePosixPath
 
@@ -54,8 +53,8 @@ def test_write_atomic_round_trips_binary_with_mode(any_host: ShellHost, tmp_path
     payload = bytes(range(256)) * 3
     any_host.write_atomic(target, payload, mode=0o600)
     assert any_host.read_bytes(target) == payload
-    assert os.stat(target).st_mode & 0o777 == 0o600
-    assert sorted(os.listdir(tmp_path / "dir with space")) == ["it's.bin"]  # no temp left
+    assert Path(target).stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in (tmp_path / "dir with space").iterdir()] == ["it's.bin"]  # no temp
 
 
 def test_write_atomic_replaces_existing_file(any_host: ShellHost, tmp_path: Path) -> None:

@@ -37,12 +37,12 @@ def test_reference_build_installs_then_second_apply_changes_nothing(
 ) -> None:
     host = LocalHost()
     plan = reference_step.check(host)
-    assert plan.status is PlanStatus.would_change
+    assert plan.status is PlanStatus.WOULD_CHANGE
     assert plan.source is WheelSource.build
     assert "reference-only: staging host without a GPU" in plan.reason
 
     first = reference_step.apply(host)
-    assert first.status is ResultStatus.changed
+    assert first.status is ResultStatus.CHANGED
     assert first.source is WheelSource.build
     assert first.key.variant == "reference"
     assert first.smoke.passed
@@ -57,9 +57,9 @@ def test_reference_build_installs_then_second_apply_changes_nothing(
     assert state["kernels"]["wheel_sha256"] == first.wheel_sha256
     assert Path(state["kernels"]["wheel"]).is_file()
 
-    assert reference_step.check(host).status is PlanStatus.ok
+    assert reference_step.check(host).status is PlanStatus.OK
     second = reference_step.apply(host)
-    assert second.status is ResultStatus.ok
+    assert second.status is ResultStatus.OK
     assert second.source is WheelSource.installed
     assert second.smoke.passed
     assert json.loads(Path(reference_step.state_dir, "state.json").read_text()) == state
@@ -80,9 +80,9 @@ def test_second_venv_with_same_abi_takes_the_wheel_from_the_cache(
         state_dir=PurePosixPath(tmp_path / "state2"),
     )
     plan = other.check(host)
-    assert (plan.status, plan.source) == (PlanStatus.would_change, WheelSource.cache)
+    assert (plan.status, plan.source) == (PlanStatus.WOULD_CHANGE, WheelSource.cache)
     result = other.apply(host)
-    assert (result.status, result.source) == (ResultStatus.changed, WheelSource.cache)
+    assert (result.status, result.source) == (ResultStatus.CHANGED, WheelSource.cache)
     assert result.wheel_sha256 == built.wheel_sha256
     assert result.smoke.module_file.startswith(str(other_venv))
 

@@ -32,9 +32,9 @@ def test_reference_build_over_ssh_installs_and_records_state(
     reference_step: KernelsStep, ssh_host: SshHost
 ) -> None:
     result = reference_step.apply(ssh_host)
-    assert (result.status, result.source) == (ResultStatus.changed, WheelSource.build)
+    assert (result.status, result.source) == (ResultStatus.CHANGED, WheelSource.build)
     assert result.smoke.passed
     assert result.smoke.module_file.startswith(str(reference_step.python.parent.parent))
     state = json.loads(Path(reference_step.state_dir, "state.json").read_text())
     assert state["kernels"]["key"] == result.key.slug
-    assert reference_step.check(ssh_host).status is PlanStatus.ok
+    assert reference_step.check(ssh_host).status is PlanStatus.OK

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ddtree_deploy.config import DeployConfig, compose_config
@@ -17,9 +19,16 @@ def ct_probe_output(*, torch: str, cuda: str, gpus: int = 8, capability: str = "
     lines += [GPU_LINE.format(i=i).replace(", 12.0,", f", {capability},") for i in range(gpus)]
     lines += ["@@cuda", "13.0", "@@python"]
     lines.append(
-        '{"python_version": "3.12.3", "torch_version": "%s", "torch_cuda": "%s", '
-        '"cxx11_abi": true, "sglang_version": "0.5.11", '
-        '"sglang_path": "/opt/sglang/venv/lib/python3.12/site-packages/sglang"}' % (torch, cuda)
+        json.dumps(
+            {
+                "python_version": "3.12.3",
+                "torch_version": torch,
+                "torch_cuda": cuda,
+                "cxx11_abi": True,
+                "sglang_version": "0.5.11",
+                "sglang_path": "/opt/sglang/venv/lib/python3.12/site-packages/sglang",
+            }
+        )
     )
     return "\n".join(lines) + "\n"
 
@@ -43,14 +52,25 @@ def test_parse_probe_output_reads_every_fact() -> None:
     assert len(facts.gpus) == 8 and facts.gpus[3].index == 3
     assert facts.gpus[0].arch == "sm_120" and facts.gpus[0].memory_mib == 97887
     assert (facts.driver_version, facts.cuda_driver_version) == ("580.95.05", "13.0")
-    assert (facts.torch_version, facts.torch_cuda, facts.cxx11_abi) == ("2.11.0+cu128", "12.8", True)
+    assert (facts.torch_version, facts.torch_cuda, facts.cxx11_abi) == (
+        "2.11.0+cu128",
+        "12.8",
+        True,
+    )
     assert facts.sglang_version == "0.5.11" and facts.systemd_pid1
 
 
 def test_preflight_passes_matching_host(ct200: DeployConfig) -> None:
     report = run_preflight(ct200, ct_facts(torch="2.11.0+cu128", cuda="12.8"))
     assert [c.verdict for c in report.checks if c.name != "sglang"] == [Verdict.ok] * 5
-    assert [c.name for c in report.checks] == ["python", "torch ABI", "cxx11 ABI", "sglang", "gpus", "init"]
+    assert [c.name for c in report.checks] == [
+        "python",
+        "torch ABI",
+        "cxx11 ABI",
+        "sglang",
+        "gpus",
+        "init",
+    ]
 
 
 def test_preflight_refuses_cuda_abi_mismatch_with_that_sentence(ct129: DeployConfig) -> None:
@@ -66,7 +86,9 @@ def test_preflight_refuses_cuda_abi_mismatch_with_that_sentence(ct129: DeployCon
 
 
 def test_preflight_refuses_wrong_gpu_arch_and_count(ct200: DeployConfig) -> None:
-    report = run_preflight(ct200, ct_facts(torch="2.11.0+cu128", cuda="12.8", gpus=4, capability="9.0"))
+    report = run_preflight(
+        ct200, ct_facts(torch="2.11.0+cu128", cuda="12.8", gpus=4, capability="9.0")
+    )
     gpu = next(c for c in report.checks if c.name == "gpus")
     assert gpu.verdict is Verdict.mismatch
     assert gpu.sentence == (
@@ -97,11 +119,21 @@ def test_preflight_refuses_release_without_patch_set(ct200: DeployConfig) -> Non
 def test_preflight_refuses_host_without_systemd(ct200: DeployConfig) -> None:
     output = ct_probe_output(torch="2.11.0+cu128", cuda="12.8").replace("systemd\n", "bash\n", 1)
     report = run_preflight(ct200, parse_probe_output("ct200", "/p", output))
-    assert "systemd is not PID 1 on ct200, so the SGLang unit cannot be managed there." in report.refusals
+    assert (
+        "systemd is not PID 1 on ct200, so the SGLang unit cannot be managed there."
+        in report.refusals
+    )
 
 
 def test_preflight_marks_staging_host_gpu_and_init_as_staging() -> None:
     cfg = compose_config([])
-    facts = HostFacts(host="local", python_path="/p", python_version="3.11.7", torch_version="2.14.1+cu130", torch_cuda="13.0", cxx11_abi=True)
+    facts = HostFacts(
+        host="local",
+        python_path="/p",
+        python_version="3.11.7",
+        torch_version="2.14.1+cu130",
+        torch_cuda="13.0",
+        cxx11_abi=True,
+    )
     verdicts = {c.name: c.verdict for c in run_preflight(cfg, facts).checks}
     assert verdicts["gpus"] is Verdict.staging and verdicts["init"] is Verdict.staging

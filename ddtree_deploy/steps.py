@@ -1,5 +1,8 @@
 """The step contract every deploy step follows (STYLE section 7, ARCHITECTURE "Data flow").
 
+A leaf module like `errors`: the rooms that own steps (patching, kernel_build, service) and
+`rollout`, which orders them, all import it.
+
 `check(host) -> StepPlan` reads only and says ok | would_change | unknown with a reason or a
 diff; `apply(host) -> StepResult` does only the difference and says ok | changed (or raises a
 `DeployError`); steps that change the host also `revert`, back to a recorded generation. A
