@@ -8,6 +8,7 @@ must fail raises its error class with every byte of the tree and the journal unt
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from ddtree_deploy.patching import errors as patching_errors
 from ddtree_deploy.patching import manifest
 from ddtree_deploy.patching.engine import apply_patch_set, plan_patch
 from ddtree_deploy.patching.manifest import PatchSet, load_patch_set
-from patching.trees import ALL_CASES, REAL_RELEASES, Case, real_patch_set, tree_bytes
+from patching.trees import ALL_CASES, REAL_RELEASES, Case, own_copy, real_patch_set, tree_bytes
 
 _OFFSET = re.compile(r"Hunk #(\d+) succeeded at \d+ \(offset (-?\d+) lines?\)")
 
@@ -31,6 +32,10 @@ def _error_class(name: str) -> type[Exception]:
     found = getattr(patching_errors, name, None) or getattr(manifest, name)
     assert isinstance(found, type) and issubclass(found, Exception)
     return found
+
+
+def _targets(patch_set: PatchSet) -> set[str]:
+    return {str(f.path) for p in patch_set.patches for f in p.files}
 
 
 def gnu_patch(site: Path, patch_set: PatchSet) -> dict[str, list[int]]:
@@ -99,8 +104,10 @@ def test_case_matches_gnu_patch(
 ) -> None:
     ours = case_tree(case)
     theirs = tmp_path / "gnu"
-    shutil.copytree(ours, theirs)  # a real copy: GNU patch rewrites files in place
+    shutil.copytree(ours, theirs, copy_function=os.link)
     patch_set = load_patch_set(case.series_dir)
+    for path in _targets(patch_set):
+        own_copy(theirs, path)  # GNU patch may write in place: keep it off the shared inodes
     gnu_offsets = gnu_patch(theirs, patch_set)
     plan = plan_patch(host, PurePosixPath(ours), patch_set)
     apply_patch_set(host, PurePosixPath(ours), patch_set, state)
@@ -118,11 +125,11 @@ def test_real_patch_set_applies_with_gnu_patch_like_ours(
     tmp_path: Path,
 ) -> None:
     patch_set = real_patch_set(release)
-    theirs = tmp_path / "gnu"
-    shutil.copytree(make_tree(release) / "sglang", theirs / "sglang")
+    theirs = make_tree(release)
+    for path in _targets(patch_set):
+        own_copy(theirs, path)
     gnu_patch(theirs, patch_set)
     ours = make_tree(release)
     apply_patch_set(host, PurePosixPath(ours), patch_set, state)
-    targets = {str(f.path) for p in patch_set.patches for f in p.files}
-    for path in targets:
+    for path in _targets(patch_set):
         assert (ours / path).read_bytes() == (theirs / path).read_bytes(), path

@@ -40,6 +40,12 @@ def rewrite(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
+def own_copy(site: Path, relative: str) -> None:
+    """Give one file of a hard-linked tree its own inode, for tools that write in place."""
+    path = site / relative
+    rewrite(path, path.read_bytes())
+
+
 def tree_bytes(site: Path) -> dict[str, bytes]:
     """Every file under `site` with its bytes, for before/after comparisons."""
     return {
