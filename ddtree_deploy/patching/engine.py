@@ -182,10 +182,9 @@ def apply_patch_set(
     _refuse_drift(plan, patch_set)
     new_bytes = {e.target.path: e.patched for e in entries if e.patched is not None}
     changes = _changes(entries, FileState.pristine, to_applied=True)
-    for entry in entries:
-        if entry.plan.state is FileState.pristine and entry.file is not None:
-            journal.put_copy(state, entry.file.data)  # the backup revert will restore
-    return _commit(host, state, Operation.apply, plan, changes, new_bytes, recovery, sudo)
+    # The pristine bytes are the backups revert restores (and a killed apply rolls back to).
+    backups = [e.file.data for e in entries if e.patched is not None and e.file is not None]
+    return _commit(host, state, Operation.apply, plan, changes, new_bytes, backups, recovery, sudo)
 
 
 def revert_patch_set(
@@ -202,15 +201,16 @@ def revert_patch_set(
     plan, entries = _classify(host, site_packages, patch_set, None, sudo=sudo)
     _refuse_drift(plan, patch_set)
     old_bytes: dict[PurePosixPath, bytes] = {}
+    current: list[bytes] = []  # the patched bytes, so a killed revert can roll back
     for entry in entries:
         if entry.plan.state is FileState.applied and entry.file is not None:
             backup = journal.get_copy(state, entry.target.pristine)
             # No backup (state folder lost, or patched by hand): run the diffs backwards; the
             # result is checked against the pristine (= RECORD) hash either way.
             old_bytes[entry.target.path] = backup or unpatch_file(entry.target, entry.file.data)
-            journal.put_copy(state, entry.file.data)  # lets a killed revert roll back
+            current.append(entry.file.data)
     changes = _changes(entries, FileState.applied, to_applied=False)
-    return _commit(host, state, Operation.revert, plan, changes, old_bytes, recovery, sudo)
+    return _commit(host, state, Operation.revert, plan, changes, old_bytes, current, recovery, sudo)
 
 
 def recover(
@@ -379,14 +379,15 @@ def _commit(
     plan: PatchPlan,
     changes: list[FileChange],
     contents: Mapping[PurePosixPath, bytes],
+    old_contents: list[bytes],
     recovery: Recovery | None,
     sudo: bool,
 ) -> PatchOutcome:
-    """Store the new contents, journal the intent, replace the files, journal completion."""
+    """Store old and new contents, journal the intent, replace the files, journal completion."""
     if not changes:
         return PatchOutcome(operation, plan, (), recovery, None)
-    for change in changes:
-        journal.put_copy(state, contents[change.path])  # lets a killed run roll forward
+    # Both ends of every file are stored before `begin`, so a killed run can go either way.
+    journal.put_copies(state, [*old_contents, *(contents[c.path] for c in changes)])
     transaction = Transaction.new(operation, plan.patch_set, plan.site_packages, tuple(changes))
     journal.begin(state, transaction)
     for change in changes:

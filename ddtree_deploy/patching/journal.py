@@ -9,7 +9,10 @@ finishes or undoes it. This module only records; it never writes package files.
 
 from __future__ import annotations
 
+import io
+import tarfile
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -122,15 +125,39 @@ def find_unfinished(store: HostStateStore, site_packages: PurePosixPath) -> Tran
     return Transaction.from_record(list(open_ones.values())[-1])
 
 
+_COPIES = "patching/sha256"
+_UNPACK_SCRIPT = (
+    'set -e; mkdir -p -- "$1"; tar -xf "$2" -C "$1" --no-same-owner --no-same-permissions; '
+    'rm -f -- "$2"'
+)
+
+
 def _blob_name(sha256: str) -> str:
-    return f"patching/sha256/{sha256}"
+    return f"{_COPIES}/{sha256}"
 
 
-def put_copy(store: HostStateStore, data: bytes) -> str:
-    """Store `data` under its own hash (idempotent); return the hash."""
-    digest = sha256_hex(data)
-    store.put_blob(_blob_name(digest), data)
-    return digest
+def put_copies(store: HostStateStore, contents: Iterable[bytes]) -> None:
+    """Store each of `contents` under its own hash, in one upload and one command.
+
+    The copies travel as one uncompressed tar unpacked beside the others, so a transaction of
+    many files costs the same few SSH round trips as one. Unpacking is not atomic per file, but
+    `get_copy` checks every hash, so a copy torn by a killed run reads as missing.
+    """
+    unique = {sha256_hex(data): data for data in contents}
+    if not unique:
+        return
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for digest, data in unique.items():
+            info = tarfile.TarInfo(digest)
+            info.size = len(data)
+            info.mode = 0o600
+            tar.addfile(info, io.BytesIO(data))
+    bundle = store.put_blob(f"patching/incoming/{uuid.uuid4().hex}.tar", buffer.getvalue())
+    store.host.run(
+        ["sh", "-c", _UNPACK_SCRIPT, "sh", str(store.blob_path(_COPIES)), str(bundle)],
+        sudo=store.sudo,
+    )
 
 
 def get_copy(store: HostStateStore, sha256: str) -> bytes | None:
