@@ -45,7 +45,7 @@ def test_apply_writes_recorded_post_images(
     # the last patch touching a file gives its final hash
     assert {c.path for c in outcome.changed} == set(expected)
     for change in outcome.changed:
-        assert _sha(site / change.path) == change.sha256_to
+        assert _sha(site / change.path) == change.sha256_to == expected[change.path]
     assert plan_patch(host, PurePosixPath(site), patch_set).state is SetState.applied
 
 
