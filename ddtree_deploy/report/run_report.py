@@ -63,5 +63,5 @@ def print_gates(record: dict[str, Any]) -> None:
         console.print_table(
             f"validation: {record['host']}", ("phase", "gate", "outcome", "result"), rows
         )
-    style = "green" if record["decision"] in ("promote", "unchanged") else "red"
+    style = "green" if record["decision"] in ("promote", "unchanged", "staging") else "red"
     console.print_line(f"decision: {record['decision']}: {record['sentence']}", style=style)

@@ -65,7 +65,7 @@ class ValidationFailed(ValidationError):
 class ValidationPaused(ValidationFailed):
     """An inconclusive gate under on_inconclusive=pause: the generation serves, unpromoted."""
 
-    exit_code = 9
+    exit_code = 11
 
 
 Judge = Callable[[ServiceProbe, GateContext], tuple[list[GateResult], Measurement | None]]
@@ -91,7 +91,9 @@ def deploy_validated(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
             "run; this run finishes it through the gates (or rolls it back)."
         )
     if not cfg.host.systemd:
-        return deploy(cfg, host, gates=[])
+        outcome = deploy(cfg, host, gates=[])
+        record.decide("staging", "host.systemd=false: the unit was rendered and linted, not run.")
+        return outcome
     if cfg.algo.name is Algo.DFLASH:
         outcome = _phase(cfg, host, api_key, record, "linear", _record_baseline)
         record.decide(Decision.promote, f"Linear DFlash serves on {cfg.host.name}; baseline kept.")

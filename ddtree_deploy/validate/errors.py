@@ -8,7 +8,7 @@ from ddtree_deploy.errors import DeployError
 class ValidationError(DeployError):
     """A validation gate failed or could not run; the deployment was not promoted."""
 
-    exit_code = 8
+    exit_code = 10
 
 
 class ServiceUnreachable(ValidationError):

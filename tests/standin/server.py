@@ -20,7 +20,7 @@ baseline and every rollback stay healthy:
 - `STANDIN_FAULT=tree_divergence`: tree mode emits a wrong token at output position 5;
 - `STANDIN_FAULT=tree_slow`: a tree verify pass costs 4 x a chain pass (tree slower than linear).
 
-Timing: `STANDIN_STEP_S` (default 0.01) seconds per verify pass, `STANDIN_TREE_COST` (1.05) times
+Timing: `STANDIN_STEP_S` (default 0.03) seconds per verify pass, `STANDIN_TREE_COST` (1.05) times
 that for a tree pass.
 """
 
@@ -69,7 +69,7 @@ class Knobs:
         return cls(
             fault=fault,
             start_delay_s=float(os.environ.get("STANDIN_START_DELAY_S", "0")),
-            step_s=float(os.environ.get("STANDIN_STEP_S", "0.01")),
+            step_s=float(os.environ.get("STANDIN_STEP_S", "0.03")),
             tree_cost=float(os.environ.get("STANDIN_TREE_COST", "1.05")),
         )
 

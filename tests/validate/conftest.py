@@ -96,7 +96,7 @@ def start_local_standin(
         argv,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "STANDIN_STEP_S": "0.002", **(env or {})},
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "STANDIN_STEP_S": "0.03", **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -164,7 +164,7 @@ class StandinLab:
             "service.active_wait_s=120",
             "service.restart_delay_s=1",
             f"service.api_key_file={key_file}",
-            "+service.environment.STANDIN_STEP_S=0.01",
+            "+service.environment.STANDIN_STEP_S=0.05",
             "validation.unit_active={timeout_s: 60, interval_s: 0.5, initial_delay_s: 0}",
             "validation.health={timeout_s: 120, interval_s: 0.5, initial_delay_s: 0}",
             "validation.server_info={timeout_s: 30, interval_s: 0.5, initial_delay_s: 0}",
@@ -197,7 +197,9 @@ def standin_lab(standin_root: tuple[Path, Path]) -> Iterator[StandinLab]:
     if reason is not None:
         _skip_or_fail(reason)
     root, source = standin_root
-    container: Container = boot_container(ensure_rootfs(), binds_ro=binds(root, source))
+    read_only = [path for path in binds(root, source) if path != root]
+    # The stand-in's venv under `root` is written to by the deploy (kernels, patches).
+    container: Container = boot_container(ensure_rootfs(), binds_ro=read_only, overlays=[root])
     try:
         lab = StandinLab(container.host, root / "venv")
         with lab.connect() as host:
