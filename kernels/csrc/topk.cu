@@ -1,10 +1,18 @@
 // Single-pass top-k + log-sum-exp over logits rows (fp32/bf16/fp16).
 //
 // Each row is split into `splits` chunks so that small batches still fill the GPU. A block reads
-// its chunk once with 16-byte loads, keeping per thread a sorted top-KP list (KP = k rounded up
-// to a power of two) and an online (max, sum of exp) pair; lists are merged warp by warp. With one
-// split the block writes the final log-probs; otherwise a one-warp-per-row kernel merges the
-// partial lists and sums. Order: larger logit first, ties to the smaller token id.
+// its chunk once with 16-byte loads (a short scalar head brings unaligned rows to 16 bytes) and
+// keeps an online (max, sum of exp) pair per thread. Selection is threshold-based: every element
+// is compared once against a warp threshold, the larger of
+//   - the warp's own k-th best so far, and
+//   - a block-shared value that the block already holds k entries at or above (seeded before the
+//     pass from the k-th largest of each warp's lane maxima over the first tile).
+// The rare elements that pass go, by shared-memory atomics, into a per-warp shared buffer; when
+// a few dozen candidates have piled up the warp selects its k best with warp-wide max
+// reductions and raises its threshold. Warps merge
+// through shared memory; with several splits a one-warp-per-row kernel merges the partial lists
+// and sums. Order: larger logit first, ties to the smaller token id, compared exactly on
+// (order-preserving key, id), so the result equals a stable sort.
 #include "common.cuh"
 #include "ops.h"
 
@@ -14,60 +22,121 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxSplits = 32;
+constexpr int kMaxK = 16;
+constexpr int kBuf = 320;  // per-warp candidates: the k best so far + up to 47 + one step's 256
+constexpr unsigned kPadKey = 0u;  // below every real key (the key of a NaN bit pattern)
+constexpr int kPadId = INT_MAX;
+constexpr unsigned kNegInfKey = 0x007fffffu;  // key(-inf)
 
-template <int KP>
-struct TopList {
-  float v[KP];
-  int id[KP];
+// Order-preserving map float -> uint32 (larger float, larger key); -0 maps to +0's key so that
+// the two tie as they do in a float compare.
+__device__ __forceinline__ unsigned to_key(float x) {
+  const unsigned u = __float_as_uint(x);
+  const unsigned k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return k == 0x7fffffffu ? 0x80000000u : k;
+}
 
-  __device__ __forceinline__ void clear() {
-#pragma unroll
-    for (int j = 0; j < KP; ++j) {
-      v[j] = -INFINITY;
-      id[j] = INT_MAX;
-    }
-  }
+__device__ __forceinline__ float from_key(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
 
-  __device__ __forceinline__ void insert(float x, int i) {
-    if (!better(x, i, v[KP - 1], id[KP - 1])) return;
-    v[KP - 1] = x;
-    id[KP - 1] = i;
-#pragma unroll
-    for (int j = KP - 1; j > 0; --j) {
-      if (better(v[j], id[j], v[j - 1], id[j - 1])) {
-        const float tv = v[j]; v[j] = v[j - 1]; v[j - 1] = tv;
-        const int ti = id[j]; id[j] = id[j - 1]; id[j - 1] = ti;
-      }
-    }
-  }
+__device__ __forceinline__ bool kbetter(unsigned a, int ai, unsigned b, int bi) {
+  return a > b || (a == b && ai < bi);
+}
 
-  // Replace each lane's list by the warp's top KP (every lane ends with the same list).
-  __device__ __forceinline__ void warp_merge() {
-    float ov[KP];
-    int oid[KP];
+__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(kFullMask, v);
+#else
 #pragma unroll
-    for (int r = 0; r < KP; ++r) {
-      float bv = v[0];
-      int bi = id[0];
+  for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+#endif
+}
+
+__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_min_sync(kFullMask, v);
+#else
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        const float xv = __shfl_xor_sync(kFullMask, bv, off);
-        const int xi = __shfl_xor_sync(kFullMask, bi, off);
-        if (better(xv, xi, bv, bi)) { bv = xv; bi = xi; }
-      }
-      ov[r] = bv;
-      oid[r] = bi;
-      if (v[0] == bv && id[0] == bi) {  // this lane's head won: pop it
-#pragma unroll
-        for (int j = 0; j < KP - 1; ++j) { v[j] = v[j + 1]; id[j] = id[j + 1]; }
-        v[KP - 1] = -INFINITY;
-        id[KP - 1] = INT_MAX;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < KP; ++r) { v[r] = ov[r]; id[r] = oid[r]; }
-  }
+  for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+#endif
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+struct Selected {
+  unsigned key;  // lane r < k: the r-th best entry
+  int id;
+  unsigned kth_key;  // every lane: the k-th best (pad if fewer than k entries)
+  int kth_id;
 };
+
+// Warp-wide: the k best of n (key, id) entries (n <= 32 * SLOTS; all lanes call it with the same
+// n and k). Lane r < k gets the r-th best. Missing entries come back as pads.
+template <int SLOTS>
+__device__ __forceinline__ Selected warp_select(const unsigned* keys, const int* ids, int n, int k,
+                                                int lane) {
+  unsigned key[SLOTS];
+  int id[SLOTS];
+  unsigned bk = kPadKey;
+  int bi = kPadId;
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    key[s] = kPadKey;
+    id[s] = kPadId;
+    if (s * 32 < n) {
+      const int idx = s * 32 + lane;
+      if (idx < n) {
+        key[s] = keys[idx];
+        id[s] = ids[idx];
+      }
+      if (kbetter(key[s], id[s], bk, bi)) { bk = key[s]; bi = id[s]; }
+    }
+  }
+  Selected out{kPadKey, kPadId, kPadKey, kPadId};
+  for (int r = 0; r < k; ++r) {
+    const unsigned wk = warp_max_u32(bk);
+    const int wi = static_cast<int>(warp_min_u32(bk == wk ? static_cast<unsigned>(bi) : 0xffffffffu));
+    if (lane == r) { out.key = wk; out.id = wi; }
+    out.kth_key = wk;
+    out.kth_id = wi;
+    if (bk == wk && bi == wi) {  // this lane held the winner: drop it, find its next best
+      unsigned nk = kPadKey;
+      int ni = kPadId;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        if (s * 32 < n) {
+          if (key[s] == wk && id[s] == wi) { key[s] = kPadKey; id[s] = kPadId; }
+          if (kbetter(key[s], id[s], nk, ni)) { nk = key[s]; ni = id[s]; }
+        }
+      }
+      bk = nk;
+      bi = ni;
+    }
+  }
+  return out;
+}
+
+// Reduce a warp buffer of n candidates to its k best, stored at its front, sorted. Rare.
+__device__ __noinline__ Selected flush_buffer(unsigned* keys, int* ids, int* count, int n, int k,
+                                             int lane) {
+  __syncwarp();
+  const Selected sel = warp_select<kBuf / 32>(keys, ids, n, k, lane);
+  __syncwarp();
+  if (lane < k) {
+    keys[lane] = sel.key;
+    ids[lane] = sel.id;
+  }
+  if (lane == 0) *count = k;
+  __syncwarp();
+  return sel;
+}
 
 // Online log-sum-exp state: sum of exp(x - m) over the elements seen.
 struct Lse {
@@ -89,161 +158,256 @@ struct Lse {
   }
 };
 
-// `floor`: a value some lane already holds KP entries at or above; anything strictly below it
-// cannot make the top KP. Without it every lane's own threshold rises slowly and, in SIMT, the
-// warp pays the insertion whenever any lane inserts.
-template <int KP, int N>
-__device__ __forceinline__ void consume(const float* x, int first_id, float floor,
-                                        TopList<KP>& top, Lse& lse) {
-  float vmax = x[0];
-#pragma unroll
-  for (int j = 1; j < N; ++j) vmax = fmaxf(vmax, x[j]);
-  if (vmax > lse.m) {
-    lse.s *= exp2f((lse.m - vmax) * kLog2e);
-    lse.m = vmax;
+// One warp's selection state. All methods are called by the whole warp, in warp-uniform control.
+struct WarpTop {
+  unsigned* keys;  // this warp's buffer in shared memory
+  int* ids;
+  unsigned* block_thr;  // shared: a key that the block holds k entries at or above
+  int* shared_count;  // shared: entries in the buffer
+  int count;  // its warp-uniform copy
+  int k;
+  int lane;
+  int flush_at;
+  unsigned own_key;  // this warp's k-th best at its last flush (pad until it has k)
+  int own_id;
+  float thr;  // float form of max(own, block) for the one-compare test
+  Lse lse;
+
+  __device__ __forceinline__ void refresh() {
+    const unsigned shared_key = *reinterpret_cast<volatile unsigned*>(block_thr);
+    thr = from_key(max(max(own_key, shared_key), kNegInfKey));
   }
-  if (vmax > -INFINITY) {
-    const float mb = lse.m * kLog2e;
-#pragma unroll
-    for (int j = 0; j < N; ++j) lse.s += exp2f(fmaf(x[j], kLog2e, -mb));
+
+  __device__ __forceinline__ void flush() {
+    const Selected sel = flush_buffer(keys, ids, shared_count, count, k, lane);
+    count = k;
+    own_key = sel.kth_key;
+    own_id = sel.kth_id;
+    if (lane == 0 && own_id != kPadId) atomicMax(block_thr, own_key);
   }
-  if (vmax >= fmaxf(top.v[KP - 1], floor)) {
+
+  // x[0..N) are the logits with ids id0..id0+N-1 (`valid` false: this lane has none).
+  template <int N>
+  __device__ __forceinline__ void consume(const float* x, bool valid, int id0) {
+    float vmax = -INFINITY;
+    if (valid) {
+      vmax = x[0];
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      if (x[j] >= floor) top.insert(x[j], first_id + j);
+      for (int j = 1; j < N; ++j) vmax = fmaxf(vmax, x[j]);
+      if (vmax > lse.m) {
+        lse.s *= fast_exp2((lse.m - vmax) * kLog2e);
+        lse.m = vmax;
+      }
+      if (vmax > -INFINITY) {
+        const float mb = lse.m * kLog2e;
+#pragma unroll
+        for (int j = 0; j < N; ++j) lse.s += fast_exp2(fmaf(x[j], kLog2e, -mb));
+      }
     }
+    const bool any = valid && vmax >= thr;
+    if (!__any_sync(kFullMask, any)) return;
+    candidates<N>(x, any, id0);
+  }
+
+  template <int N>
+  __device__ __forceinline__ void candidates(const float* x, bool any, int id0) {
+    if (count >= flush_at) flush();  // room for this step: count <= 47 + 32 * N <= kBuf
+    const unsigned shared_key = *reinterpret_cast<volatile unsigned*>(block_thr);
+    if (any) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const unsigned kx = to_key(x[j]);
+        // Exact: an entry the warp's k-th beats, or one below a block-proven bound, is out.
+        if (kx >= shared_key && kbetter(kx, id0 + j, own_key, own_id)) {
+          const int pos = atomicAdd(shared_count, 1);
+          keys[pos] = kx;
+          ids[pos] = id0 + j;
+        }
+      }
+    }
+    __syncwarp();
+    count = *reinterpret_cast<volatile int*>(shared_count);
+    refresh();
+  }
+};
+
+template <InKind K>
+__device__ __forceinline__ void consume_scalars(const typename Storage<K>::T* base, int from,
+                                                int to, int warp, int lane, WarpTop& top) {
+  for (int i0 = from + warp * 32; i0 < to; i0 += kThreads) {  // warp-uniform
+    const int i = i0 + lane;
+    const bool valid = i < to;
+    const float x = valid ? decode<K>(base[i]) : -INFINITY;
+    top.consume<1>(&x, valid, i);
   }
 }
 
-template <InKind K, int KP>
-// Capping registers keeps 4 blocks (2 for k > 8) resident per SM: enough loads in flight.
-__global__ void __launch_bounds__(kThreads, KP <= 8 ? 4 : 2) topk_partial_kernel(
+template <InKind K>
+// Capping registers keeps 4 blocks per SM resident: enough loads in flight.
+__global__ void __launch_bounds__(kThreads, 4) topk_partial_kernel(
     const typename Storage<K>::T* __restrict__ logits, int64_t row_stride, int vocab, int splits,
-    int chunk, int k, float* __restrict__ ws_v, int* __restrict__ ws_id, float* __restrict__ ws_m,
-    float* __restrict__ ws_s, float* __restrict__ logp, int64_t* __restrict__ ids) {
+    int chunk, int k, unsigned* __restrict__ ws_key, int* __restrict__ ws_id,
+    float* __restrict__ ws_m, float* __restrict__ ws_s, float* __restrict__ logp,
+    int64_t* __restrict__ ids) {
   using T = typename Storage<K>::T;
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = 4;
+  __shared__ unsigned s_key[kWarps][kBuf];
+  __shared__ int s_id[kWarps][kBuf];
+  __shared__ unsigned s_top_key[kWarps * kMaxK];
+  __shared__ int s_top_id[kWarps * kMaxK];
+  __shared__ float s_m[kWarps], s_s[kWarps];
+  __shared__ unsigned s_thr;
+  __shared__ int s_count[kWarps];
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) s_thr = kPadKey;
+  if (tid < kWarps) s_count[tid] = 0;
+  __syncthreads();
+
   const int row = blockIdx.x / splits;
   const int split = blockIdx.x % splits;
   const int start = split * chunk;
   const int end = min(vocab, start + chunk);
   const T* base = logits + row * row_stride;
 
-  TopList<KP> top;
-  top.clear();
-  Lse lse;
-  const int tid = threadIdx.x;
-  float floor = -INFINITY;
-  const bool aligned = (reinterpret_cast<uintptr_t>(base + start) % 16) == 0;
-  int scalar_from = start;
-  if (aligned) {
-    const int nvec = (end - start) / kVec;
-    const uint4* vp = reinterpret_cast<const uint4*>(base + start);
-    int b0 = 0;  // block-uniform trip count, so the warp can share its threshold each round
-    for (; b0 + kUnroll * kThreads <= nvec; b0 += kUnroll * kThreads) {
-      uint4 raw[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) raw[u] = __ldg(vp + b0 + tid + u * kThreads);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        float x[kVec];
-        decode_vec<K>(raw[u], x);
-        consume<KP, kVec>(x, start + (b0 + tid + u * kThreads) * kVec, floor, top, lse);
-      }
-      floor = top.v[KP - 1];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) floor = fmaxf(floor, __shfl_xor_sync(kFullMask, floor, off));
-    }
-    for (int v = b0 + tid; v < nvec; v += kThreads) {
-      float x[kVec];
-      decode_vec<K>(__ldg(vp + v), x);
-      consume<KP, kVec>(x, start + v * kVec, floor, top, lse);
-    }
-    scalar_from = start + nvec * kVec;
-  }
-  for (int i = scalar_from + tid; i < end; i += kThreads) {
-    const float x = decode<K>(base[i]);
-    consume<KP, 1>(&x, i, floor, top, lse);
-  }
+  WarpTop top;
+  top.keys = s_key[warp];
+  top.ids = s_id[warp];
+  top.block_thr = &s_thr;
+  top.shared_count = &s_count[warp];
+  top.count = 0;
+  top.k = k;
+  top.lane = lane;
+  top.flush_at = min(k + 32, kBuf - 32);
+  top.own_key = kPadKey;
+  top.own_id = kPadId;
+  top.thr = -INFINITY;
 
-  // Block merge: warps first, then warp 0 over the warps' lists.
-  __shared__ float s_v[kWarps][KP];
-  __shared__ int s_id[kWarps][KP];
-  __shared__ float s_m[kWarps], s_s[kWarps];
-  const int lane = tid & 31, warp = tid >> 5;
-  top.warp_merge();
-  lse.warp_reduce();
-  if (lane == 0) {
+  // Scalar head up to 16-byte alignment, then 16-byte vectors, then a scalar tail. Each warp
+  // meets its elements in increasing id order (not needed for exactness, kept for clarity).
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(base + start);
+  const int head = min(end - start, static_cast<int>(((16u - (addr & 15u)) & 15u) / sizeof(T)));
+  const int vstart = start + head;
+  const int nvec = (end - vstart) / kVec;
+  const int vend = vstart + nvec * kVec;
+  consume_scalars<K>(base, start, vstart, warp, lane, top);
+
+  const uint4* vp = reinterpret_cast<const uint4*>(base + vstart);
+  constexpr int kTile = kUnroll * kThreads;
+  if (nvec >= kTile) {
+    // Seed the block bound from the first tile: the k-th largest of the warp's 32 lane maxima is
+    // a value that k distinct elements reach, so anything below it is out of the top k.
+    float lane_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < KP; ++j) { s_v[warp][j] = top.v[j]; s_id[warp][j] = top.id[j]; }
+    for (int u = 0; u < kUnroll; ++u) {
+      float x[kVec];
+      decode_vec<K>(__ldg(vp + tid + u * kThreads), x);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) lane_max = fmaxf(lane_max, x[j]);
+    }
+    unsigned key = to_key(lane_max);
+    unsigned kth = kPadKey;
+    for (int r = 0; r < k; ++r) {
+      kth = warp_max_u32(key);
+      const unsigned holders = __ballot_sync(kFullMask, key == kth);
+      if (lane == __ffs(holders) - 1) key = kPadKey;
+    }
+    if (lane == 0) atomicMax(&s_thr, kth);
+    __syncwarp();
+    top.refresh();
+  }
+  int b0 = 0;
+  for (; b0 + kTile <= nvec; b0 += kTile) {  // block-uniform
+    uint4 raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) raw[u] = __ldg(vp + b0 + tid + u * kThreads);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float x[kVec];
+      decode_vec<K>(raw[u], x);
+      top.consume<kVec>(x, true, vstart + (b0 + tid + u * kThreads) * kVec);
+    }
+    top.refresh();
+  }
+  for (int v0 = b0 + warp * 32; v0 < nvec; v0 += kThreads) {  // warp-uniform
+    const int v = v0 + lane;
+    const bool valid = v < nvec;
+    float x[kVec];
+    if (valid) {
+      decode_vec<K>(__ldg(vp + v), x);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) x[j] = -INFINITY;
+    }
+    top.consume<kVec>(x, valid, vstart + v * kVec);
+  }
+  consume_scalars<K>(base, vend, end, warp, lane, top);
+
+  // Block merge: each warp's k best, then warp 0 over all of them.
+  const Selected mine = flush_buffer(top.keys, top.ids, top.shared_count, top.count, k, lane);
+  Lse lse = top.lse;
+  lse.warp_reduce();
+  if (lane < k) {
+    s_top_key[warp * k + lane] = mine.key;
+    s_top_id[warp * k + lane] = mine.id;
+  }
+  if (lane == 0) {
     s_m[warp] = lse.m;
     s_s[warp] = lse.s;
   }
   __syncthreads();
   if (warp != 0) return;
+  const Selected best = warp_select<kWarps * kMaxK / 32>(s_top_key, s_top_id, kWarps * k, k, lane);
+  lse = Lse();
   if (lane < kWarps) {
-#pragma unroll
-    for (int j = 0; j < KP; ++j) { top.v[j] = s_v[lane][j]; top.id[j] = s_id[lane][j]; }
     lse.m = s_m[lane];
     lse.s = s_s[lane];
-  } else {
-    top.clear();
-    lse = Lse();
   }
-  top.warp_merge();
   lse.warp_reduce();
-  if (lane != 0) return;
   if (splits == 1) {
-    const float log_z = lse.m + logf(lse.s);
-#pragma unroll
-    for (int j = 0; j < KP; ++j) {
-      if (j < k) {
-        logp[row * k + j] = top.v[j] - log_z;
-        ids[row * k + j] = top.id[j];
-      }
+    if (lane < k) {
+      const float log_z = lse.m + logf(lse.s);
+      logp[row * k + lane] = from_key(best.key) - log_z;
+      ids[row * k + lane] = best.id;
     }
     return;
   }
   const int slot = row * splits + split;
-#pragma unroll
-  for (int j = 0; j < KP; ++j) { ws_v[slot * KP + j] = top.v[j]; ws_id[slot * KP + j] = top.id[j]; }
-  ws_m[slot] = lse.m;
-  ws_s[slot] = lse.s;
+  if (lane < k) {
+    ws_key[slot * k + lane] = best.key;
+    ws_id[slot * k + lane] = best.id;
+  }
+  if (lane == 0) {
+    ws_m[slot] = lse.m;
+    ws_s[slot] = lse.s;
+  }
 }
 
-template <int KP>
-__global__ void topk_merge_kernel(int splits, int k, const float* __restrict__ ws_v,
-                                  const int* __restrict__ ws_id, const float* __restrict__ ws_m,
-                                  const float* __restrict__ ws_s, float* __restrict__ logp,
-                                  int64_t* __restrict__ ids) {
+__global__ void __launch_bounds__(32) topk_merge_kernel(
+    int splits, int k, const unsigned* __restrict__ ws_key, const int* __restrict__ ws_id,
+    const float* __restrict__ ws_m, const float* __restrict__ ws_s, float* __restrict__ logp,
+    int64_t* __restrict__ ids) {
   const int row = blockIdx.x;
   const int lane = threadIdx.x;
-  TopList<KP> top;
+  const int n = splits * k;
+  const Selected best =
+      warp_select<kMaxSplits * kMaxK / 32>(ws_key + row * n, ws_id + row * n, n, k, lane);
   Lse lse;
   if (lane < splits) {
-    const int slot = row * splits + lane;
-#pragma unroll
-    for (int j = 0; j < KP; ++j) { top.v[j] = ws_v[slot * KP + j]; top.id[j] = ws_id[slot * KP + j]; }
-    lse.m = ws_m[slot];
-    lse.s = ws_s[slot];
-  } else {
-    top.clear();
+    lse.m = ws_m[row * splits + lane];
+    lse.s = ws_s[row * splits + lane];
   }
-  top.warp_merge();
   lse.warp_reduce();
-  if (lane != 0) return;
-  const float log_z = lse.m + logf(lse.s);
-#pragma unroll
-  for (int j = 0; j < KP; ++j) {
-    if (j < k) {
-      logp[row * k + j] = top.v[j] - log_z;
-      ids[row * k + j] = top.id[j];
-    }
+  if (lane < k) {
+    const float log_z = lse.m + logf(lse.s);
+    logp[row * k + lane] = from_key(best.key) - log_z;
+    ids[row * k + lane] = best.id;
   }
 }
 
-template <InKind K, int KP>
+template <InKind K>
 void launch(const at::Tensor& logits, int k, const at::Tensor& logp, const at::Tensor& ids) {
   using T = typename Storage<K>::T;
   constexpr int kVec = 16 / sizeof(T);
@@ -259,36 +423,30 @@ void launch(const at::Tensor& logits, int k, const at::Tensor& logp, const at::T
   splits = ceil_div(vocab, chunk);
 
   auto stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor ws_v, ws_id, ws_m, ws_s;
+  at::Tensor ws;
+  unsigned* ws_key = nullptr;
+  int* ws_id = nullptr;
+  float* ws_m = nullptr;
+  float* ws_s = nullptr;
   if (splits > 1) {
-    auto f = logits.options().dtype(at::kFloat);
-    ws_v = at::empty({rows, splits, KP}, f);
-    ws_id = at::empty({rows, splits, KP}, f.dtype(at::kInt));
-    ws_m = at::empty({rows, splits}, f);
-    ws_s = at::empty({rows, splits}, f);
+    // One allocation from torch's caching allocator (graph-capture safe): keys, ids, m, s.
+    const int64_t slots = static_cast<int64_t>(rows) * splits;
+    ws = at::empty({slots * (2 * k + 2)}, logits.options().dtype(at::kInt));
+    ws_key = reinterpret_cast<unsigned*>(ws.data_ptr<int>());
+    ws_id = ws.data_ptr<int>() + slots * k;
+    ws_m = reinterpret_cast<float*>(ws.data_ptr<int>() + 2 * slots * k);
+    ws_s = ws_m + slots;
   }
   const T* src = reinterpret_cast<const T*>(logits.data_ptr());
-  topk_partial_kernel<K, KP><<<rows * splits, kThreads, 0, stream>>>(
-      src, logits.stride(0), vocab, splits, chunk, k,
-      splits > 1 ? ws_v.data_ptr<float>() : nullptr, splits > 1 ? ws_id.data_ptr<int>() : nullptr,
-      splits > 1 ? ws_m.data_ptr<float>() : nullptr, splits > 1 ? ws_s.data_ptr<float>() : nullptr,
+  topk_partial_kernel<K><<<rows * splits, kThreads, 0, stream>>>(
+      src, logits.stride(0), vocab, splits, chunk, k, ws_key, ws_id, ws_m, ws_s,
       logp.data_ptr<float>(), ids.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (splits > 1) {
-    topk_merge_kernel<KP><<<rows, 32, 0, stream>>>(
-        splits, k, ws_v.data_ptr<float>(), ws_id.data_ptr<int>(), ws_m.data_ptr<float>(),
-        ws_s.data_ptr<float>(), logp.data_ptr<float>(), ids.data_ptr<int64_t>());
+    topk_merge_kernel<<<rows, 32, 0, stream>>>(splits, k, ws_key, ws_id, ws_m, ws_s,
+                                               logp.data_ptr<float>(), ids.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-}
-
-template <InKind K>
-void launch_k(const at::Tensor& logits, int k, const at::Tensor& logp, const at::Tensor& ids) {
-  if (k <= 1) return launch<K, 1>(logits, k, logp, ids);
-  if (k <= 2) return launch<K, 2>(logits, k, logp, ids);
-  if (k <= 4) return launch<K, 4>(logits, k, logp, ids);
-  if (k <= 8) return launch<K, 8>(logits, k, logp, ids);
-  return launch<K, 16>(logits, k, logp, ids);
 }
 
 }  // namespace
@@ -299,14 +457,14 @@ void topk_logprobs_cuda(const at::Tensor& logits, int64_t k, const at::Tensor& l
   TORCH_CHECK(logits.dim() == 2, "ddtree: logits must be [R, V]");
   TORCH_CHECK(logits.stride(1) == 1, "ddtree: logits rows must be contiguous");
   TORCH_CHECK(logits.size(1) < INT_MAX && logits.size(0) < INT_MAX, "ddtree: logits too large");
-  TORCH_CHECK(k >= 1 && k <= 16 && k <= logits.size(1), "ddtree: CUDA top-k needs 1 <= k <= 16 and k <= vocab, got ", k);
+  TORCH_CHECK(k >= 1 && k <= kMaxK && k <= logits.size(1), "ddtree: CUDA top-k needs 1 <= k <= 16 and k <= vocab, got ", k);
   check_out(logp, "logp", at::kFloat, {logits.size(0), k});
   check_out(ids, "ids", at::kLong, {logits.size(0), k});
   const c10::cuda::CUDAGuard guard(logits.device());
   switch (in_kind(logits)) {
-    case InKind::F32: return launch_k<InKind::F32>(logits, static_cast<int>(k), logp, ids);
-    case InKind::BF16: return launch_k<InKind::BF16>(logits, static_cast<int>(k), logp, ids);
-    case InKind::F16: return launch_k<InKind::F16>(logits, static_cast<int>(k), logp, ids);
+    case InKind::F32: return launch<InKind::F32>(logits, static_cast<int>(k), logp, ids);
+    case InKind::BF16: return launch<InKind::BF16>(logits, static_cast<int>(k), logp, ids);
+    case InKind::F16: return launch<InKind::F16>(logits, static_cast<int>(k), logp, ids);
   }
 }
 
