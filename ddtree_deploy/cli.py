@@ -16,7 +16,9 @@ from pathlib import Path
 
 from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
 from ddtree_deploy.errors import DeployError
+from ddtree_deploy.patching.audit import AuditReport
 from ddtree_deploy.report import console, render, run_report
+from ddtree_deploy.report.audit_report import write_audit_reports
 from ddtree_deploy.report.events import JsonLinesSink, emit, sink_installed
 from ddtree_deploy.rollout import actions
 from ddtree_deploy.rollout.actions import ActionOutcome
@@ -44,6 +46,9 @@ _HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
     "rollback": actions.rollback_action,
     "status": actions.status_action,
     "build-kernels": actions.build_kernels_action,
+    "patch": actions.patch_action,
+    "unpatch": actions.unpatch_action,
+    "audit": actions.audit_action,
 }
 
 
@@ -97,6 +102,8 @@ def _run(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
         emit("run.failed", error=str(err), kind=type(err).__name__)
         raise
     _render(cfg, outcome)
+    if outcome.audit is not None:
+        _write_audit(run_dir, outcome.audit)
     if outcome.validation is not None:
         _write_report(run_dir, outcome.validation)
     emit("run.end", exit_code=outcome.exit_code)
@@ -127,6 +134,12 @@ def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
         render.kernels_result(cfg.host.name, outcome.kernels)
     if outcome.summary is not None:
         console.print_line(outcome.summary, style="green")
+
+
+def _write_audit(run_dir: Path, report: AuditReport) -> None:
+    paths = write_audit_reports(report, run_dir)
+    render.audit_summary(report)
+    console.print_line(f"audit: {paths.json}, {paths.markdown}, {paths.junit}")
 
 
 def _write_report(run_dir: Path, record: ValidationRecord) -> None:

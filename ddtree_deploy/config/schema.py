@@ -250,6 +250,9 @@ ACTIONS = (
     "rollback",
     "status",
     "build-kernels",
+    "patch",
+    "unpatch",
+    "audit",
 )
 
 

@@ -6,6 +6,8 @@ import json
 
 from ddtree_deploy.hosts.facts import HostFacts
 from ddtree_deploy.kernel_build import KernelsResult
+from ddtree_deploy.patching.audit import AuditReport
+from ddtree_deploy.patching.engine import FilePlan
 from ddtree_deploy.report import console
 from ddtree_deploy.rollout.actions import PlannedStep
 from ddtree_deploy.rollout.preflight import PreflightReport, Verdict
@@ -102,3 +104,31 @@ def kernels_result(host: str, result: KernelsResult) -> None:
         ("result", result.status.value),
     ]
     console.print_table(f"kernels: {host}", ("item", "value"), rows)
+
+
+def audit_summary(report: AuditReport) -> None:
+    """File states, then the gate count and every unreviewed site (the audit's findings)."""
+    rows = [(str(f.path), f.state.value, _offsets(f)) for f in report.plan.files]
+    console.print_table(
+        f"audit: {report.plan.host} (patch set {report.plan.patch_set})",
+        ("file", "state", "hunk offsets"),
+        rows,
+    )
+    unreviewed = report.unreviewed
+    style = "green" if report.passed else "red"
+    console.print_line(
+        f"{len(report.gates)} DFLASH gate sites in {report.modules_scanned} modules, "
+        f"{len(unreviewed)} unreviewed; {'passed' if report.passed else 'failed'}.",
+        style=style,
+    )
+    for finding in unreviewed:
+        site = finding.site
+        console.print_line(f"unreviewed: {site.file}:{site.line} ({site.function}) {site.text}")
+
+
+def _offsets(plan: FilePlan) -> str:
+    """`5 hunks` when all apply where stated, else the moved ones (`0004#2+3`)."""
+    if not plan.hunks:
+        return "-"
+    moved = [f"{h.patch[:4]}#{h.index}{h.offset:+d}" for h in plan.hunks if h.offset]
+    return f"{len(plan.hunks)} hunks" + (f", moved {' '.join(moved)}" if moved else "")

@@ -10,14 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig
-from ddtree_deploy.errors import ConfigError
+from ddtree_deploy.errors import ConfigError, DeployError
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.hosts.staging import StagingResult, prepare_staging_venv
+from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsResult, KernelsStep
-from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
+from ddtree_deploy.patching.audit import AuditReport, audit
+from ddtree_deploy.patching.manifest import select_patch_set
+from ddtree_deploy.patching.step import PatchStep, locate_site_packages
 from ddtree_deploy.report.events import emit
-from ddtree_deploy.rollout.pipeline import prepare
+from ddtree_deploy.rollout.pipeline import preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status
@@ -54,6 +57,7 @@ class ActionOutcome:
     status: HostStatus | None = None
     kernels: KernelsResult | None = None  # action=build-kernels
     validation: ValidationRecord | None = None  # the gates' record (action=deploy)
+    audit: AuditReport | None = None  # action=audit; the CLI writes its report files
 
 
 def gather_facts(cfg: DeployConfig) -> HostFacts:
@@ -175,15 +179,50 @@ def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts) -> PlannedStep:
 
 
 def _patch_step_plan(cfg: DeployConfig, facts: HostFacts) -> PlannedStep:
-    version = facts.sglang_version or cfg.sglang.version
     try:
-        patch_set = select_patch_set(version)
-    except UnsupportedRelease as err:
-        return PlannedStep("patch", "unknown", str(err))
-    files = {f.path for p in patch_set.patches for f in p.files}
-    return PlannedStep(
-        "patch",
-        "unknown",
-        f"apply patch set {patch_set.name} ({len(patch_set.patches)} patches, "
-        f"{len(files)} files) to SGLang {version}",
+        step = PatchStep.for_release(
+            facts.sglang_version or cfg.sglang.version,
+            sglang_python(cfg),
+            PurePosixPath(cfg.host.state_dir),
+        )
+        with connect(cfg.host) as host:
+            plan = step.check(host)
+    except DeployError as err:  # no patch set, no SGLang: the preflight rows say why
+        return PlannedStep(PatchStep.name, "unknown", str(err))
+    return PlannedStep(PatchStep.name, plan.status.value, plan.reason)
+
+
+def patch_action(cfg: DeployConfig) -> ActionOutcome:
+    """Apply the release's patch set after preflight (action=patch); idempotent."""
+    return _patch_change(cfg, reverting=False)
+
+
+def unpatch_action(cfg: DeployConfig) -> ActionOutcome:
+    """Restore RECORD-identical SGLang files after preflight (action=unpatch); idempotent."""
+    return _patch_change(cfg, reverting=True)
+
+
+def audit_action(cfg: DeployConfig) -> ActionOutcome:
+    """File states, hunks and every DFLASH gate of the installed SGLang (action=audit)."""
+    with connect(cfg.host) as host:
+        preflight(cfg, host)
+        patch_set = select_patch_set(cfg.sglang.version)
+        site = locate_site_packages(host, sglang_python(cfg), patch_set.package)
+        state = HostStateStore(host, PurePosixPath(cfg.host.state_dir))
+        report = audit(host, site, patch_set, state, sudo=True)
+    emit("audit", passed=report.passed)
+    return ActionOutcome(exit_code=report.exit_code, audit=report)
+
+
+def _patch_change(cfg: DeployConfig, *, reverting: bool) -> ActionOutcome:
+    step = PatchStep.for_release(
+        cfg.sglang.version,
+        sglang_python(cfg),
+        PurePosixPath(cfg.host.state_dir),
+        reverting=reverting,
     )
+    with connect(cfg.host) as host:
+        preflight(cfg, host)
+        result = step.apply(host)
+    row = PlannedStep(step.name, result.status.value, result.detail)
+    return ActionOutcome(results=[row])

@@ -19,6 +19,7 @@ from ddtree_deploy.errors import DeployError
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.kernel_build import KernelsStep
+from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
@@ -71,12 +72,12 @@ class DeployOutcome:
 
 
 def patch_steps(cfg: DeployConfig) -> list[Step]:
-    """Hook for the patch engine's apply step (`ddtree_deploy.patching`), not wired in yet.
-
-    Its step must set `restarts_service = True`: the pipeline then persists `pending_restart`
-    before the step changes SGLang's files.
-    """
-    return []
+    """The patch step for the configured release (preflight checked it is the installed one)."""
+    return [
+        PatchStep.for_release(
+            cfg.sglang.version, sglang_python(cfg), PurePosixPath(cfg.host.state_dir)
+        )
+    ]
 
 
 @dataclass(frozen=True)

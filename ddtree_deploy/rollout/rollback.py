@@ -16,17 +16,19 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import Algo, DeployConfig
-from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.errors import DeployError
 from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles, config_hash
 from ddtree_deploy.rollout.killpoints import boundary
+from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import algo_summary, render_service
 from ddtree_deploy.service.secret import load_api_key
-from ddtree_deploy.steps import StepReport
+from ddtree_deploy.steps import Step, StepReport
 
 _ALGO_ARG = re.compile(r"--speculative-algorithm\s+\"?(?P<algo>[A-Z0-9_]+)")
 
@@ -63,11 +65,6 @@ def rollback(cfg: DeployConfig, host: ShellHost) -> RollbackOutcome:
     Raises `NothingToRollBack` for a host without generations, `UnitFailedToStart` (with the
     journal) when the previous generation does not come up either.
     """
-    if cfg.rollback.revert_patches:
-        raise ConfigError(
-            "rollback.revert_patches=true needs the patch engine's revert, which is not wired "
-            "into the rollout yet; run the rollback without it."
-        )
     generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     api_key = load_api_key(cfg.service)
     mask = api_key.mask if api_key else (lambda text: text)
@@ -86,7 +83,17 @@ def rollback(cfg: DeployConfig, host: ShellHost) -> RollbackOutcome:
         )
     boundary("rollback.begin")
     emit("rollback.start", from_generation=target.from_generation, to_generation=number)
-    steps = service_steps(cfg, target.files, generations, mask)
+    steps: list[Step] = []
+    if cfg.rollback.revert_patches:  # before the restart step, which then restarts on them
+        steps.append(
+            PatchStep.for_release(
+                cfg.sglang.version,
+                sglang_python(cfg),
+                PurePosixPath(cfg.host.state_dir),
+                reverting=True,
+            )
+        )
+    steps += service_steps(cfg, target.files, generations, mask)
     rows = apply_steps(steps, host, generations, number)
     generations.commit(number, [*target.lineage, number])
     state = systemd.unit_state(host, PurePosixPath(target.files.unit_path).name)

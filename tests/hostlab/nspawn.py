@@ -57,25 +57,36 @@ class Container:
 
 
 def boot_container(
-    rootfs: Path, *, timeout_s: float = 120.0, binds_ro: Sequence[Path] = ()
+    rootfs: Path,
+    *,
+    timeout_s: float = 120.0,
+    binds_ro: Sequence[Path] = (),
+    overlays: Sequence[Path] = (),
 ) -> Container:
     """Boot a new container host from `rootfs` and wait until systemd finished booting.
 
-    `binds_ro`: directories of this machine mounted read-only at the same path inside (e.g. a
-    prepared SGLang venv and the Python it was made with).
+    `binds_ro`: directories of this machine mounted read-only at the same path inside (e.g. the
+    Python a venv was made with). `overlays`: directories mounted writable at the same path,
+    their writes kept in a temporary upper layer that goes with the container (e.g. a prepared
+    SGLang venv that a deploy installs kernels into or patches).
 
     Raises HostlabError with the console log if it does not come up within `timeout_s`.
     """
     ns, lease = create_netns()
     try:
-        return _boot(rootfs, ns, lease, timeout_s, binds_ro)
+        return _boot(rootfs, ns, lease, timeout_s, binds_ro, overlays)
     except BaseException:
         release(ns, lease)
         raise
 
 
 def _boot(
-    rootfs: Path, ns: NetNS, lease: Lease, timeout_s: float, binds_ro: Sequence[Path]
+    rootfs: Path,
+    ns: NetNS,
+    lease: Lease,
+    timeout_s: float,
+    binds_ro: Sequence[Path],
+    overlays: Sequence[Path],
 ) -> Container:
     work = WORK_ROOT / ns.name
     lease.dirs.append(str(work))  # journal intent first, so a sweep after a crash removes it
@@ -83,6 +94,8 @@ def _boot(
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     root = _make_root(rootfs, work, ns, lease)
+    for path in overlays:  # nspawn creates bind targets itself, but not overlay targets
+        (root / path.relative_to("/")).mkdir(parents=True, exist_ok=True)
 
     client_key = generate_key(ns.state_dir / "id_ed25519", f"hostlab-{ns.name}-client")
     ssh_dir = root / "root" / ".ssh"
@@ -120,6 +133,7 @@ def _boot(
         ns.name,
         f"--network-namespace-path={ns.path}",
         *(f"--bind-ro={path}" for path in binds_ro),
+        *(f"--overlay={path}::{path}" for path in overlays),  # empty upper: a temporary one
         "--boot",
     ]
     with console.open("wb") as out:

@@ -7,29 +7,23 @@ setuptools) visible, and installs ddtree-kernels into that throwaway venv only.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
+from staging import require_staging_venv, staging_venv
 
 from ddtree_deploy.kernel_build.key import source_files
 from ddtree_deploy.kernel_build.step import KernelsStep, default_source_dir
 
-STAGING_VENV = (
-    Path(os.environ.get("DDTREE_DEPLOY_HOME", Path.home() / ".local/share/ddtree-deploy"))
-    / "local"
-    / "sglang-0.5.11"
-)
+STAGING_VENV = staging_venv("0.5.11")
 
 
 @pytest.fixture(scope="session")
 def staging_site_packages() -> Path:
     """site-packages of the staging venv, which must import torch (else the test skips)."""
-    python = STAGING_VENV / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no staging venv at {STAGING_VENV}; run `ddtree-deploy action=prepare`")
+    python = require_staging_venv("0.5.11") / "bin" / "python"
     probe = subprocess.run(
         [str(python), "-c", "import torch, sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,

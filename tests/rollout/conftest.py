@@ -15,25 +15,23 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from hostlab import Container, boot_container, ensure_rootfs, unavailable_reason
+from staging import require_staging_venv
 
-from rollout.lab import DOUBLE_DIR, DOUBLE_MODULE, STAGING_VENV, LabHost, venv_binds
+from rollout.lab import DOUBLE_DIR, DOUBLE_MODULE, LabHost, venv_binds
 
 
 @pytest.fixture(scope="session")
 def lab() -> Iterator[LabHost]:
+    staging = require_staging_venv("0.5.11")
     reason = unavailable_reason(containers=True)
-    if reason is None and not (STAGING_VENV / "bin" / "python").exists():
-        reason = (
-            f"no prepared SGLang venv at {STAGING_VENV} (set DDTREE_TEST_SGLANG_VENV, or run "
-            "`ddtree-deploy host=local action=prepare` and point it there)"
-        )
     if reason is not None:
         if os.environ.get("DDTREE_REQUIRE_HOSTLAB") == "1":
             pytest.fail(f"DDTREE_REQUIRE_HOSTLAB=1 but {reason}", pytrace=False)
         pytest.skip(reason)
-    container: Container = boot_container(ensure_rootfs(), binds_ro=venv_binds(STAGING_VENV))
+    venv, *python = venv_binds(staging)  # the venv is written to: kernels, patches
+    container: Container = boot_container(ensure_rootfs(), binds_ro=python, overlays=[venv])
     try:
-        lab_host = LabHost(container.host, STAGING_VENV)
+        lab_host = LabHost(container.host, staging)
         with lab_host.connect() as host:
             host.write_atomic(
                 PurePosixPath(DOUBLE_DIR) / f"{DOUBLE_MODULE}.py",

@@ -5,7 +5,6 @@ read what the tests check on it (the test double's record, unit state, the state
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -17,11 +16,6 @@ from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.ssh import SshHost
 from ddtree_deploy.service import systemd
 
-STAGING_VENV = Path(
-    os.environ.get(
-        "DDTREE_TEST_SGLANG_VENV", Path.home() / ".cache/ddtree-deploy/dev/sglang-0.5.11"
-    )
-)
 DOUBLE_DIR = "/opt/ddtree-test"
 DOUBLE_MODULE = "sglang_double"
 

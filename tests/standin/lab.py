@@ -23,13 +23,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from staging import staging_venv
+
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches" / "sglang"
 ROOT = Path.home() / ".cache" / "ddtree-deploy" / "standin"
 _CANDIDATES = (
     Path(os.environ.get("DDTREE_TEST_SGLANG_VENV", "/nonexistent")),
-    Path.home() / ".local/share/ddtree-deploy/local/sglang-0.5.11",
-    Path.home() / ".cache/ddtree-deploy/dev/sglang-0.5.11",
+    staging_venv("0.5.11"),
 )
 MODEL_DIR = "/opt/standin-models"
 

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from patching.trees import real_patch_set
+from staging import require_staging_venv
 
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
@@ -27,10 +28,6 @@ from ddtree_deploy.patching.manifest import patch_sets_root
 RELEASE = "0.5.11"
 REPO = Path(__file__).resolve().parents[4]
 CHECKS = Path(__file__).with_name("checks.py")
-STAGING_PYTHON = (
-    Path(os.environ.get("DDTREE_DEPLOY_HOME", Path.home() / ".local/share/ddtree-deploy"))
-    / "local" / "sglang-0.5.11" / "bin" / "python"
-)  # fmt: skip
 
 
 def _gnu_patch_series(site: Path) -> None:
@@ -78,18 +75,9 @@ def test_audit_of_patched_release_has_no_unreviewed_gate(
     assert report.passed
 
 
-def _staging_python() -> Path:
-    if STAGING_PYTHON.is_file():
-        return STAGING_PYTHON
-    reason = f"SGLang 0.5.11 staging venv not found at {STAGING_PYTHON}"
-    if os.environ.get("DDTREE_REQUIRE_STAGING") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def run_check(patched_site: Path) -> Callable[[str], dict]:
-    python = _staging_python()
+    python = require_staging_venv(RELEASE) / "bin" / "python"
     results: dict[str, dict] = {}
 
     def run(name: str) -> dict:

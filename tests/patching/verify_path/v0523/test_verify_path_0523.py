@@ -20,25 +20,18 @@ from pathlib import Path
 import pytest
 import yaml
 from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
+from staging import require_staging_venv
 
 RELEASE = "0.5.23"
 REPO = Path(__file__).resolve().parents[4]
 SERIES = REPO / "patches" / "sglang" / RELEASE
 KERNELS = REPO / "kernels"
 CHECKS = Path(__file__).with_name("checks_0523.py")
-STAGING_PYTHON = (
-    Path.home() / ".local/share/ddtree-deploy/local" / f"sglang-{RELEASE}" / "bin" / "python"
-)
 
 
 @pytest.fixture(scope="module")
 def staging_python() -> str:
-    if not STAGING_PYTHON.exists():
-        reason = f"SGLang {RELEASE} staging venv missing: {STAGING_PYTHON}"
-        if os.environ.get("DDTREE_REQUIRE_STAGING") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return str(STAGING_PYTHON)
+    return str(require_staging_venv(RELEASE) / "bin" / "python")
 
 
 @pytest.fixture(scope="module")

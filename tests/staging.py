@@ -1,0 +1,35 @@
+"""Where the local staging host's SGLang venvs are, for tests that run real SGLang code on CPU.
+
+`scripts/test` builds them with `ddtree-deploy action=prepare sglang=v0_5_XX` (the product's own
+code); this module finds them through the same config, so tests and product agree on the path.
+Without one, tests skip with the reason, or fail when `DDTREE_REQUIRE_STAGING=1` (CI sets it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.config import compose_config
+
+
+def staging_venv(release: str) -> Path:
+    """The staging venv of SGLang `release` ("0.5.11"), as `host=local` configures it."""
+    option = "v" + release.replace(".", "_")
+    return Path(compose_config([f"sglang={option}"]).host.sglang_venv)
+
+
+def require_staging_venv(release: str) -> Path:
+    """The venv, or skip (fail under DDTREE_REQUIRE_STAGING=1) when it was never prepared."""
+    venv = staging_venv(release)
+    if not (venv / "bin" / "python").exists():
+        reason = (
+            f"no staging venv for SGLang {release} at {venv}; run "
+            f"`ddtree-deploy action=prepare sglang=v{release.replace('.', '_')}`"
+        )
+        if os.environ.get("DDTREE_REQUIRE_STAGING") == "1":
+            pytest.fail(f"DDTREE_REQUIRE_STAGING=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return venv
