@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
+from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.pipeline import deploy
+from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import host_status
+from ddtree_deploy.steps import PlanStatus
 from rollout.lab import LabHost, arg, double_record, journal_events, running_pid
 
 pytestmark = pytest.mark.nspawn
@@ -21,8 +24,12 @@ def test_deploy_second_run_changes_nothing_and_budget_change_restarts_once(
     with lab.connect() as host:
         first = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host)
         assert first.generation == 1
+        # The container's SGLang venv is shared by this session's tests: an earlier test may
+        # have patched it and installed the kernels already.
+        assert [r.name for r in first.steps[:2]] == ["patch", "kernels"]
+        assert {r.status for r in first.steps[:2]} <= {"changed", "ok"}
         # A new unit file is loaded on demand, so the first run needs no daemon-reload.
-        assert [r.name for r in first.steps if r.status == "changed"] == [
+        assert [r.name for r in first.steps[2:] if r.status == "changed"] == [
             "unit",
             "enable",
             "restart",
@@ -67,3 +74,28 @@ def test_rollback_returns_to_linear_dflash_and_status_reports_it(
         status = host_status(lab.config(name, tmp_path), host)
         assert (status.generation, status.algo, status.drift) == (1, "DFLASH", ())
         assert status.unit_state == "active (running)"
+
+
+def test_rollback_with_revert_patches_restores_pristine_sglang(
+    lab: LabHost, tmp_path: Path
+) -> None:
+    name = "lc-revert"
+    with lab.connect() as host:
+        deploy(lab.config(name, tmp_path, "algo=dflash"), host)
+        deploy(lab.config(name, tmp_path, "algo=ddtree"), host)
+        cfg = lab.config(name, tmp_path, "algo=ddtree", "rollback.revert_patches=true")
+        state_dir = PurePosixPath(cfg.host.state_dir)
+        applied = PatchStep.for_release(cfg.sglang.version, sglang_python(cfg), state_dir)
+        pristine = PatchStep.for_release(
+            cfg.sglang.version, sglang_python(cfg), state_dir, reverting=True
+        )
+        assert applied.check(host).status is PlanStatus.OK
+
+        outcome = rollback(cfg, host)
+        assert outcome.to_generation == 1
+        assert ("patch", "changed") in [(r.name, r.status) for r in outcome.steps]
+        # Pristine means every target hashes to the wheel's RECORD entry again.
+        assert pristine.check(host).status is PlanStatus.OK
+        assert applied.check(host).status is PlanStatus.WOULD_CHANGE
+        assert arg(double_record(host, name)["argv"], "--speculative-algorithm") == "DFLASH"
+        running_pid(host, name)
