@@ -23,6 +23,7 @@ test. A failed build's full log is kept in the host's state blobs.
 
 from __future__ import annotations
 
+import importlib.resources
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
@@ -67,8 +68,8 @@ _PIP_QUIET = ("--no-input", "--disable-pip-version-check")
 
 
 def default_source_dir() -> Path:
-    """`kernels/` of the checkout this package runs from (an editable install)."""
-    return Path(__file__).resolve().parents[2] / "kernels"
+    """The `kernels/` source shipped with the tool (the checkout folder when installed editable)."""
+    return Path(str(importlib.resources.files("ddtree_deploy.kernel_source")))
 
 
 class WheelSource(StrEnum):
