@@ -147,9 +147,11 @@ def deploy(
     api_key = load_api_key(cfg.service)
     prepared = prepare(cfg, host, api_key)
     prepared.lint.raise_if_failed()
-    if not cfg.host.systemd:
-        row = StepReport("unit", "staging", "rendered and linted; host.systemd=false")
-        return DeployOutcome(cfg.host.name, None, 0, (row,), report, prepared.lint)
+    if not cfg.host.systemd:  # staging: SGLang is patched and kernels installed for real
+        staged = [_apply_now(step, host) for step in [*patch_steps(cfg), *kernel_steps(cfg)]]
+        staged.append(StepReport("unit", "staging", "rendered and linted; host.systemd=false"))
+        changed = sum(r.status == "changed" for r in staged)
+        return DeployOutcome(cfg.host.name, None, changed, tuple(staged), report, prepared.lint)
     generations = prepared.generations
     plans = check_steps(prepared.steps, host)
     state = generations.state()
@@ -205,6 +207,15 @@ def _rolled_back(cfg: DeployConfig, host: ShellHost, err: DeployError) -> Deploy
     )
     rolled.exit_code = err.exit_code
     return rolled
+
+
+def _apply_now(step: Step, host: ShellHost) -> StepReport:
+    """Apply one step outside any generation (a staging host keeps no service state)."""
+    plan = step.check(host)
+    if plan.status is PlanStatus.OK:
+        return StepReport(step.name, "ok", plan.reason)
+    result = step.apply(host)
+    return StepReport(step.name, result.status.value, result.detail)
 
 
 def _identity(text: str) -> str:
