@@ -22,6 +22,9 @@ from hostlab import (  # noqa: E402
     start_sshd_host,
     unavailable_reason,
 )
+from product_hosts import connect  # noqa: E402
+
+from ddtree_deploy.hosts.ssh import SshHost  # noqa: E402
 
 MAX_NSPAWN_HOSTS = 2  # each boot costs seconds and a rootfs overlay; no test needs more
 
@@ -53,6 +56,14 @@ def sshd_host() -> Iterator[TestHost]:
         yield host.host
     finally:
         host.stop()
+
+
+@pytest.fixture
+def ssh_connection(sshd_host: TestHost) -> Iterator[SshHost]:
+    """The product's SSH connection (Fabric) to `sshd_host`, closed after the test."""
+    host = connect(sshd_host, "sshd-lab")
+    yield host
+    host.close()
 
 
 @pytest.fixture(scope="session")

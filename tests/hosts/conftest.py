@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from hostlab import TestHost
 
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.local import LocalHost
-from ddtree_deploy.hosts.ssh import SshHost
-
-
-@pytest.fixture
-def ssh_connection(sshd_host: TestHost) -> Iterator[SshHost]:
-    host = SshHost(
-        sshd_host.name,
-        address=sshd_host.address,
-        port=sshd_host.port,
-        user=sshd_host.user,
-        key_file=str(sshd_host.key_path),
-    )
-    yield host
-    host.close()
 
 
 @pytest.fixture(params=["local", "ssh"])

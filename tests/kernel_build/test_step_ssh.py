@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostlab import TestHost
 
 from ddtree_deploy.hosts.ssh import SshHost
 from ddtree_deploy.kernel_build import KernelsStep, PlanStatus, ResultStatus, WheelSource
@@ -16,16 +14,8 @@ pytestmark = pytest.mark.sshd
 
 
 @pytest.fixture
-def ssh_host(sshd_host: TestHost) -> Iterator[SshHost]:
-    host = SshHost(
-        sshd_host.name,
-        address=sshd_host.address,
-        port=sshd_host.port,
-        user=sshd_host.user,
-        key_file=str(sshd_host.key_path),
-    )
-    yield host
-    host.close()
+def ssh_host(ssh_connection: SshHost) -> SshHost:
+    return ssh_connection
 
 
 def test_reference_build_over_ssh_installs_and_records_state(

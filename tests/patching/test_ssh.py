@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
-from hostlab import TestHost
 
 from ddtree_deploy.hosts.ssh import SshHost
 from ddtree_deploy.hosts.state import HostStateStore
@@ -25,18 +24,8 @@ pytestmark = pytest.mark.sshd
 
 
 @pytest.fixture
-def ssh_host(sshd_host: TestHost) -> Iterator[SshHost]:
-    host = SshHost(
-        "sshd-lab",
-        address=sshd_host.address,
-        port=sshd_host.port,
-        user=sshd_host.user,
-        key_file=str(sshd_host.key_path),
-    )
-    try:
-        yield host
-    finally:
-        host.close()
+def ssh_host(ssh_connection: SshHost) -> SshHost:
+    return ssh_connection
 
 
 def test_ssh_apply_then_revert_round_trips(

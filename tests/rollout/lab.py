@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hostlab import TestHost
+from product_hosts import connect, ssh_host_overrides
 
 from ddtree_deploy.config import DeployConfig, compose_config
 from ddtree_deploy.hosts.connection import ShellHost
@@ -30,13 +31,7 @@ class LabHost:
     def overrides(self, name: str, runs_dir: Path) -> list[str]:
         """Config overrides for a test: its own unit `name` and state dir on the container."""
         return [
-            "host=local",
-            "host.name=lab",
-            "host.transport=ssh",
-            f"host.address={self.host.address}",
-            f"host.port={self.host.port}",
-            f"host.user={self.host.user}",
-            f"host.key_file={self.host.key_path}",
+            *ssh_host_overrides(self.host),
             f"host.sglang_venv={self.venv}",
             f"host.state_dir=/var/lib/ddtree-test/{name}",
             "host.systemd=true",
@@ -54,13 +49,7 @@ class LabHost:
         return compose_config([*self.overrides(name, runs_dir), *extra])
 
     def connect(self) -> SshHost:
-        return SshHost(
-            "lab",
-            address=self.host.address,
-            port=self.host.port,
-            user=self.host.user,
-            key_file=str(self.host.key_path),
-        )
+        return connect(self.host)
 
 
 def venv_binds(venv: Path) -> list[Path]:
