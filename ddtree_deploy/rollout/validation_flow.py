@@ -218,7 +218,12 @@ def _after_failure(
         if healthy
         else f"which is NOT healthy: {proof[-1].gate} {proof[-1].sentence}"
     )
-    back = f"Rolled back to generation {state['generation']} (linear DFLASH)"
+    number = state["generation"]
+    back = (
+        f"Rolled back to generation {number} (linear DFLASH)"
+        if number is not None
+        else "Rolled back to what ran before (linear DFLASH)"
+    )
     sentence = f"{reason} {back}, {verdict}."
     record.decide(Decision.rollback, sentence)
     return ValidationFailed(sentence, record, hint=raised.hint)

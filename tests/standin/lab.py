@@ -33,6 +33,7 @@ _CANDIDATES = (
     staging_venv("0.5.11"),
 )
 MODEL_DIR = "/opt/standin-models"
+LAYOUT = "2"  # bump when what build_standin_venv lays out changes (old roots are rebuilt)
 
 
 def source_venv() -> Path | None:
@@ -71,7 +72,7 @@ def build_standin_venv(source: Path, release: str = "0.5.11") -> Path:
     sglang_dir = next(Path(s) / "sglang" for s in sites if (Path(s) / "sglang").is_dir())
     patch_files = sorted((PATCHES / release).glob("*.patch"))
     key = hashlib.sha256(
-        "".join([str(source), *sites, *(p.read_text() for p in patch_files)]).encode()
+        "".join([LAYOUT, str(source), *sites, *(p.read_text() for p in patch_files)]).encode()
     ).hexdigest()[:12]
     root = ROOT / key
     if (root / "ready").exists():
@@ -79,6 +80,10 @@ def build_standin_venv(source: Path, release: str = "0.5.11") -> Path:
     shutil.rmtree(root, ignore_errors=True)
     patched = root / "patched"
     shutil.copytree(sglang_dir, patched / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    # The deploy's patch step reads the wheel's RECORD beside the package: copy it too. The
+    # files it lists are then in the patch set's `applied` state, which the step leaves alone.
+    for info in sglang_dir.parent.glob("sglang-*.dist-info"):
+        shutil.copytree(info, patched / info.name)
     for patch in patch_files:
         common = ["patch", "-p1", "--fuzz=0", "--force", "-s", "-i", str(patch)]
         applied = subprocess.run([*common, "-R", "--dry-run"], cwd=patched, capture_output=True)
