@@ -1,1 +1,1 @@
-"""Data package: the Hydra config tree, shipped as `ddtree_deploy.conf` so `pkg://` finds it installed."""
+"""Data package: the Hydra config tree, shipped as `ddtree_deploy.conf` for `pkg://`."""
