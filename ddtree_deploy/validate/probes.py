@@ -166,10 +166,12 @@ class ServiceProbe:
             return answer
         unit = self._unit_active()
         if unit.figures["restarts"] > restarts or not unit.ok:
+            again = unit.figures["restarts"] - restarts
             return Attempt(
                 False,
-                f"{unit.detail} and restarted {unit.figures['restarts'] - restarts} time(s) "
-                "while /health was not answering (crash loop)",
+                f"{unit.detail} while /health was not answering"
+                + (f", after {again} restart(s)" if again else "")
+                + ": the server process exits (crash loop)",
                 final=True,
                 figures=unit.figures,
                 gate="unit_active",
