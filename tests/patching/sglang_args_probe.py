@@ -19,8 +19,9 @@ Pieces:
 - `compare(python, model_dir, draft_dir, sglang_root, pristine_root)` runs the checks the
   patch sets promise and returns a list of (check, passed, detail) rows.
 
-Command line: `python sglang_args_probe.py --python VENV/bin/python --patched DIR
-[--pristine DIR]` prints the rows and exits non-zero if any check failed.
+Command line (from `tests/`, so the stand-in's model configs import): `python -m
+patching.sglang_args_probe --python VENV/bin/python --patched DIR [--pristine DIR]` prints the
+rows and exits non-zero if any check failed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from standin.models import model_configs
+
 # Fields that legitimately differ between a DFLASH and a DDTREE resolution.
 DDTREE_FIELDS = (
     "speculative_algorithm",
@@ -44,26 +47,6 @@ DDTREE_FIELDS = (
     "speculative_ddtree_mode",
     "speculative_ddtree_allow_hybrid_unsafe",
 )
-
-_TINY_QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "vocab_size": 1024,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
 
 # Runs inside the child interpreter: resolve argv, print one JSON line.
 _CHILD = r"""
@@ -115,16 +98,11 @@ class Resolution:
 
 def write_tiny_model_dirs(root: Path, block_size: int = 16) -> tuple[Path, Path]:
     """Write a weight-less target dir and DFlash draft dir under `root`; return both."""
-    target = Path(root) / "target"
-    draft = Path(root) / "draft"
-    target.mkdir(parents=True, exist_ok=True)
-    draft.mkdir(parents=True, exist_ok=True)
-    (target / "config.json").write_text(json.dumps(_TINY_QWEN3, indent=1))
-    draft_cfg = dict(_TINY_QWEN3, num_hidden_layers=1, architectures=["DFlashDraftModel"])
-    draft_cfg["block_size"] = block_size
-    draft_cfg["dflash_config"] = {"target_layer_ids": [0, 1]}
-    (draft / "config.json").write_text(json.dumps(draft_cfg, indent=1))
-    return target, draft
+    for relative, text in model_configs(block_size).items():
+        path = Path(root) / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Path(root) / "target", Path(root) / "draft"
 
 
 def resolve_server_args(

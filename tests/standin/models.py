@@ -1,7 +1,7 @@
 """Weight-less model directories the stand-in's SGLang parser reads (SGLang 0.5.11 opens config.json).
 
 TEST DOUBLE support: a 2-layer Qwen3 `config.json` for the target and a DFlash draft config whose
-`block_size` gives the verify width, as in `tests/patching/sglang_args_probe.py`.
+`block_size` gives the verify width (also used by `tests/patching/sglang_args_probe.py`).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 import httpx
 import pytest
 from hostlab import Container, TestHost, boot_container, ensure_rootfs, unavailable_reason
+from product_hosts import connect, ssh_host_overrides
 from standin.lab import MODEL_DIR, binds, build_standin_venv, source_venv
 from standin.models import model_configs
 
@@ -143,13 +144,7 @@ class StandinLab:
 
     def overrides(self, name: str, runs_dir: Path, key_file: Path, port: int) -> list[str]:
         return [
-            "host=local",
-            "host.name=lab",
-            "host.transport=ssh",
-            f"host.address={self.host.address}",
-            f"host.port={self.host.port}",
-            f"host.user={self.host.user}",
-            f"host.key_file={self.host.key_path}",
+            *ssh_host_overrides(self.host),
             f"host.sglang_venv={self.venv}",
             f"host.state_dir=/var/lib/ddtree-test/{name}",
             "host.systemd=true",
@@ -176,13 +171,7 @@ class StandinLab:
         return compose_config([*self.overrides(name, tmp_path, key_file(tmp_path), port), *extra])
 
     def connect(self) -> SshHost:
-        return SshHost(
-            "lab",
-            address=self.host.address,
-            port=self.host.port,
-            user=self.host.user,
-            key_file=str(self.host.key_path),
-        )
+        return connect(self.host)
 
 
 def key_file(tmp_path: Path) -> Path:
