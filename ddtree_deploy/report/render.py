@@ -131,4 +131,5 @@ def _offsets(plan: FilePlan) -> str:
     if not plan.hunks:
         return "-"
     moved = [f"{h.patch[:4]}#{h.index}{h.offset:+d}" for h in plan.hunks if h.offset]
-    return f"{len(plan.hunks)} hunks" + (f", moved {' '.join(moved)}" if moved else "")
+    count = f"{len(plan.hunks)} hunk" + ("s" if len(plan.hunks) != 1 else "")
+    return count + (f", moved {' '.join(moved)}" if moved else "")

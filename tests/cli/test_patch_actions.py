@@ -1,0 +1,141 @@
+"""action=patch / audit / unpatch through the CLI on a real SGLang 0.5.11 install on this machine.
+
+The venv under test holds its own `sglang==0.5.11` from PyPI and sees torch through a `.pth` into
+the staging venv, so the shared staging venv is never patched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from staging import require_staging_venv
+
+from ddtree_deploy.cli import main
+
+
+@pytest.fixture
+def sglang_venv(tmp_path: Path) -> Path:
+    staging = require_staging_venv("0.5.11")
+    venv = tmp_path / "venv"
+    subprocess.run([staging / "bin" / "python", "-m", "venv", venv], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (staging_site,) = staging.glob("lib/python*/site-packages")
+    (site / "staging.pth").write_text(f"{staging_site}\n")
+    subprocess.run(
+        [
+            venv / "bin" / "python",
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--ignore-installed",
+            "sglang==0.5.11",
+        ],
+        check=True,
+        timeout=600,
+    )
+    # The venv's own copy must win over the staging one, or the test would patch the shared venv.
+    assert list(venv.glob("lib/python*/site-packages/sglang/srt/server_args.py"))
+    return venv
+
+
+def _run(
+    capsys: pytest.CaptureFixture[str], venv: Path, tmp_path: Path, action: str
+) -> tuple[int, str]:
+    code = main(
+        [
+            f"action={action}",
+            f"host.sglang_venv={venv}",
+            f"host.state_dir={tmp_path / 'state'}",
+            f"rollout.runs_dir={tmp_path / 'runs'}",
+        ]
+    )
+    return code, capsys.readouterr().out
+
+
+def _record_matches(venv: Path) -> bool:
+    """Every file the 0.5.11 patch set touches hashes to its RECORD entry."""
+    script = (
+        "import base64, hashlib, importlib.metadata as m\n"
+        "d = m.distribution('sglang'); bad = []\n"
+        "for f in d.files:\n"
+        "    if f.hash and str(f).endswith(('spec_info.py', 'server_args.py', 'dflash_worker.py')):\n"
+        "        digest = base64.urlsafe_b64encode(hashlib.sha256(f.locate().read_bytes()).digest()).rstrip(b'=').decode()\n"
+        "        bad += [str(f)] if digest != f.hash.value else []\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run(
+        [venv / "bin" / "python", "-c", script], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip() == "[]"
+
+
+def test_patch_audit_unpatch_round_trip(
+    capsys: pytest.CaptureFixture[str], sglang_venv: Path, tmp_path: Path
+) -> None:
+    assert _record_matches(sglang_venv)
+    code, out = _run(capsys, sglang_venv, tmp_path, "patch")
+    assert code == 0 and "patched 6 files of patch set 0.5.11" in out
+    assert not _record_matches(sglang_venv)
+    code, out = _run(capsys, sglang_venv, tmp_path, "patch")
+    assert code == 0 and "nothing to do" in out
+
+    code, out = _run(capsys, sglang_venv, tmp_path, "audit")
+    assert code == 0 and "0 unreviewed; passed." in out
+    (audit_dir,) = (p for p in (tmp_path / "runs").iterdir() if p.name.endswith("-audit"))
+    report = json.loads((audit_dir / "patch-audit.json").read_text())
+    assert (
+        report
+        and (audit_dir / "patch-audit.md").exists()
+        and (audit_dir / "patch-audit.junit.xml").exists()
+    )
+
+    code, out = _run(capsys, sglang_venv, tmp_path, "unpatch")
+    assert code == 0 and "restored 6 files of patch set 0.5.11" in out
+    assert _record_matches(sglang_venv)
+
+
+def test_unsupported_release_is_refused_before_anything_is_written(
+    capsys: pytest.CaptureFixture[str], sglang_venv: Path, tmp_path: Path
+) -> None:
+    code = main(
+        [
+            "action=patch",
+            f"host.sglang_venv={sglang_venv}",
+            "sglang.version=0.5.12",
+            f"host.state_dir={tmp_path / 'state'}",
+            f"rollout.runs_dir={tmp_path / 'runs'}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 5
+    assert err.strip() == (
+        "error: SGLang 0.5.12 has no patch set (supported: ==0.5.11, ==0.5.23); "
+        "pin a supported release in the host's sglang config."
+    )
+    assert not (tmp_path / "state").exists()
+    assert _record_matches(sglang_venv)
+
+
+def test_audit_of_drifted_file_fails_with_exit_6(
+    capsys: pytest.CaptureFixture[str], sglang_venv: Path, tmp_path: Path
+) -> None:
+    (target,) = sglang_venv.glob("lib/python*/site-packages/sglang/srt/speculative/spec_info.py")
+    target.write_bytes(target.read_bytes() + b"# drift\n")
+    code, out = _run(capsys, sglang_venv, tmp_path, "audit")
+    assert code == 6 and "failed." in out
+    code = main(
+        [
+            "action=patch",
+            f"host.sglang_venv={sglang_venv}",
+            f"host.state_dir={tmp_path / 'state'}",
+            f"rollout.runs_dir={tmp_path / 'runs'}",
+        ]
+    )
+    assert code == 6
+    assert "spec_info.py" in capsys.readouterr().err
+    assert target.read_bytes().endswith(b"# drift\n")
