@@ -96,6 +96,9 @@ def _boot(
     root = _make_root(rootfs, work, ns, lease)
     for path in overlays:  # nspawn creates bind targets itself, but not overlay targets
         (root / path.relative_to("/")).mkdir(parents=True, exist_ok=True)
+    # A target under /tmp lands on the container's fresh tmpfs, where those folders are gone:
+    # a read-only bind of its parent (made first; nspawn mounts in argv order) brings it back.
+    parents = [p.parent for p in overlays if not _covered(p, binds_ro)]
 
     client_key = generate_key(ns.state_dir / "id_ed25519", f"hostlab-{ns.name}-client")
     ssh_dir = root / "root" / ".ssh"
@@ -132,7 +135,7 @@ def _boot(
         "-M",
         ns.name,
         f"--network-namespace-path={ns.path}",
-        *(f"--bind-ro={path}" for path in binds_ro),
+        *(f"--bind-ro={path}" for path in [*binds_ro, *parents]),
         *(f"--overlay={path}::{path}" for path in overlays),  # empty upper: a temporary one
         "--boot",
     ]
@@ -213,3 +216,8 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
         if done == pid:
             return
         time.sleep(0.2)
+
+
+def _covered(path: Path, binds: Sequence[Path]) -> bool:
+    return any(path == bind or bind in path.parents for bind in binds)
+
