@@ -102,10 +102,6 @@ class KernelsResult:
     smoke: SmokeReport
     staging: bool  # reference-only because the host has no GPU
 
-    @property
-    def cache_hit(self) -> bool:
-        return self.source is not WheelSource.build
-
 
 @dataclass(frozen=True)
 class KernelsStep:
