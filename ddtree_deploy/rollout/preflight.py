@@ -176,7 +176,8 @@ def _gpu_check(cfg: DeployConfig, facts: HostFacts) -> Check:
             "none (staging)",
             "none",
             Verdict.staging,
-            "No GPU: kernels install as the reference-only build, validation runs offline.",
+            "No GPU: kernels install as the reference-only build and no service runs, so the "
+            "validation gates are skipped.",
         )
     wanted = f"{host.gpu_count}x {gpu.name} ({gpu.arch})"
     actual = ", ".join(sorted({f"{g.name} ({g.arch})" for g in facts.gpus})) or "none"
