@@ -176,10 +176,7 @@ def apply_patch_set(
     sudo: bool = False,
 ) -> PatchOutcome:
     """Patch every target file in one transaction; a no-op when the set is already applied."""
-    recovery = recover(host, site_packages, state, sudo=sudo)
-    # No journal read again: recovery leaves no transaction open (or it raised).
-    plan, entries = _classify(host, site_packages, patch_set, None, sudo=sudo)
-    _refuse_drift(plan, patch_set)
+    recovery, plan, entries = _recover_and_classify(host, site_packages, patch_set, state, sudo)
     new_bytes = {e.target.path: e.patched for e in entries if e.patched is not None}
     changes = _changes(entries, FileState.pristine, to_applied=True)
     # The pristine bytes are the backups revert restores (and a killed apply rolls back to).
@@ -196,10 +193,7 @@ def revert_patch_set(
     sudo: bool = False,
 ) -> PatchOutcome:
     """Restore the RECORD's bytes of every applied file; a no-op on a pristine set."""
-    recovery = recover(host, site_packages, state, sudo=sudo)
-    # No journal read again: recovery leaves no transaction open (or it raised).
-    plan, entries = _classify(host, site_packages, patch_set, None, sudo=sudo)
-    _refuse_drift(plan, patch_set)
+    recovery, plan, entries = _recover_and_classify(host, site_packages, patch_set, state, sudo)
     old_bytes: dict[PurePosixPath, bytes] = {}
     current: list[bytes] = []  # the patched bytes, so a killed revert can roll back
     for entry in entries:
@@ -264,6 +258,21 @@ def recover(
         f"can be neither finished nor undone: backups are missing under {state.root}/blobs; "
         "reinstall the package and run again."
     )
+
+
+def _recover_and_classify(
+    host: ShellHost,
+    site_packages: PurePosixPath,
+    patch_set: PatchSet,
+    state: HostStateStore,
+    sudo: bool,
+) -> tuple[Recovery | None, PatchPlan, list[_Entry]]:
+    """What apply and revert both start with: close a killed run's transaction, then classify
+    (refusing drift) without reading the journal again, since recovery left nothing open."""
+    recovery = recover(host, site_packages, state, sudo=sudo)
+    plan, entries = _classify(host, site_packages, patch_set, None, sudo=sudo)
+    _refuse_drift(plan, patch_set)
+    return recovery, plan, entries
 
 
 def _end(change: FileChange, *, forward: bool) -> str:
