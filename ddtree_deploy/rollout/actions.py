@@ -11,6 +11,7 @@ from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.hosts.staging import StagingResult, prepare_staging_venv
@@ -73,15 +74,17 @@ def facts_action(cfg: DeployConfig) -> ActionOutcome:
 
 
 def plan_action(cfg: DeployConfig) -> ActionOutcome:
-    """Preflight, then what each implemented step would do; changes nothing."""
-    facts = gather_facts(cfg)
-    report = run_preflight(cfg, facts)
-    emit("preflight", refusals=report.refusals)
-    steps = [
-        _patch_step_plan(cfg, facts),
-        _kernels_step_plan(cfg, facts),
-        *_service_step_plans(cfg),
-    ]
+    """Preflight, then what each step would do; changes nothing (one connection, one probe)."""
+    with connect(cfg.host) as host:
+        facts = probe_facts(host, sglang_python(cfg))
+        emit("facts", **facts.to_dict())
+        report = run_preflight(cfg, facts)
+        emit("preflight", refusals=report.refusals)
+        steps = [
+            _patch_step_plan(cfg, facts, host),
+            _kernels_step_plan(cfg, facts, host),
+            *_service_step_plans(cfg, host),
+        ]
     return ActionOutcome(
         exit_code=0 if not report.refusals else 4, facts=facts, preflight=report, steps=steps
     )
@@ -144,12 +147,13 @@ def status_action(cfg: DeployConfig) -> ActionOutcome:
     return ActionOutcome(exit_code=1 if status.drift else 0, status=status)
 
 
-def _service_step_plans(cfg: DeployConfig) -> list[PlannedStep]:
+def _service_step_plans(cfg: DeployConfig, host: ShellHost) -> list[PlannedStep]:
     if not cfg.host.systemd:
         return [PlannedStep("unit", "staging", "rendered and linted only (host.systemd=false)")]
-    with connect(cfg.host) as host:
-        prepared = prepare(cfg, host, load_api_key(cfg.service))
-        plans = check_steps(prepared.steps, host)
+    prepared = prepare(cfg, host, load_api_key(cfg.service))
+    # The patch and kernels rows come first, from the probe already made; not checked twice.
+    service = [s for s in prepared.steps if s.name not in (PatchStep.name, KernelsStep.name)]
+    plans = check_steps(service, host)
     rows = [PlannedStep("lint", "ok" if prepared.lint.ok else "failed", prepared.lint.summary())]
     return rows + [PlannedStep(step.name, plan.status.value, plan.reason) for step, plan in plans]
 
@@ -172,21 +176,19 @@ def prepare_action(cfg: DeployConfig) -> ActionOutcome:
     return ActionOutcome(staging=result)
 
 
-def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts) -> PlannedStep:
-    with connect(cfg.host) as host:
-        plan = KernelsStep.from_config(cfg).check(host, facts)
+def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> PlannedStep:
+    plan = KernelsStep.from_config(cfg).check(host, facts)
     return PlannedStep(KernelsStep.name, plan.status.value, plan.reason)
 
 
-def _patch_step_plan(cfg: DeployConfig, facts: HostFacts) -> PlannedStep:
+def _patch_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> PlannedStep:
     try:
         step = PatchStep.for_release(
             facts.sglang_version or cfg.sglang.version,
             sglang_python(cfg),
             PurePosixPath(cfg.host.state_dir),
         )
-        with connect(cfg.host) as host:
-            plan = step.check(host)
+        plan = step.check(host)
     except DeployError as err:  # no patch set, no SGLang: the preflight rows say why
         return PlannedStep(PatchStep.name, "unknown", str(err))
     return PlannedStep(PatchStep.name, plan.status.value, plan.reason)

@@ -7,6 +7,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from ddtree_deploy.patching.step import PatchStep
+from ddtree_deploy.rollout.actions import plan_action
 from ddtree_deploy.rollout.pipeline import deploy
 from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.rollback import rollback
@@ -99,3 +100,23 @@ def test_rollback_with_revert_patches_restores_pristine_sglang(
         assert applied.check(host).status is PlanStatus.WOULD_CHANGE
         assert arg(double_record(host, name)["argv"], "--speculative-algorithm") == "DFLASH"
         running_pid(host, name)
+
+
+def test_plan_after_deploy_lists_each_step_once_all_ok(lab: LabHost, tmp_path: Path) -> None:
+    name = "lc-plan"
+    cfg = lab.config(name, tmp_path, "algo=ddtree_shadow")
+    with lab.connect() as host:
+        deploy(cfg, host)
+    outcome = plan_action(cfg)
+    assert outcome.exit_code == 0
+    assert [s.name for s in outcome.steps] == [
+        "patch",
+        "kernels",
+        "lint",
+        "unit",
+        "daemon-reload",
+        "enable",
+        "restart",
+    ]
+    assert {s.status for s in outcome.steps} == {"ok"}
+
