@@ -1,17 +1,17 @@
 // Single-pass top-k + log-sum-exp over logits rows (fp32/bf16/fp16).
 //
-// Each row is split into `splits` chunks so that small batches still fill the GPU. A block reads
-// its chunk once with 16-byte loads (a short scalar head brings unaligned rows to 16 bytes) and
-// keeps an online (max, sum of exp) pair per thread. Selection is threshold-based: every element
-// is compared once against a warp threshold, the larger of
-//   - the warp's own k-th best so far, and
-//   - a block-shared value that the block already holds k entries at or above (seeded before the
-//     pass from the k-th largest of each warp's lane maxima over the first tile).
-// The rare elements that pass go, by shared-memory atomics, into a per-warp shared buffer; when
-// a few dozen candidates have piled up the warp selects its k best with warp-wide max
-// reductions and raises its threshold. Warps merge
-// through shared memory; with several splits a one-warp-per-row kernel merges the partial lists
-// and sums. Order: larger logit first, ties to the smaller token id, compared exactly on
+// A row is split into `splits` chunks only when there are too few rows to keep the resident
+// blocks busy. A block reads its chunk once, 4 x 16 bytes per thread per step, loading the next
+// step while it works on this one; a short scalar head brings unaligned rows to 16 bytes. Per
+// step each thread takes the max of its elements, rescales its online log-sum-exp at most once
+// and adds exp2 of the pre-scaled values. Selection is threshold-based: an element can be in the
+// top k only if it is at or above a key that the block provably holds k distinct elements at or
+// above. That bound is raised on every hit from the block's per-thread running maxima (see
+// WarpTop), from each warp's exact k-th best and from a block-shared atomicMax of both. The rare
+// elements that pass go, by shared-memory atomics, into a per-warp shared buffer; when a few dozen
+// have piled up the warp selects its k best with warp-wide max reductions. Warps merge through
+// shared memory; with several splits a one-warp-per-row kernel merges the partial lists and sums.
+// Order: larger logit first, ties to the smaller token id, compared exactly on
 // (order-preserving key, id), so the result equals a stable sort.
 #include "common.cuh"
 #include "ops.h"
@@ -158,24 +158,109 @@ struct Lse {
   }
 };
 
+// One thread's running log-sum-exp: m is the largest element it has seen (a real element, or
+// -inf before any), the sums are of exp(x - m), in two chains.
+struct RunLse {
+  float m = -INFINITY;
+  float s0 = 0.f;
+  float s1 = 0.f;
+};
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Element j of a 16-byte vector, decoded exactly to fp32.
+template <InKind K>
+__device__ __forceinline__ float elem_of(const uint4& v, int j) {
+  if constexpr (K == InKind::F32) {
+    return __uint_as_float(word_of(v, j));
+  } else if constexpr (K == InKind::BF16) {
+    const uint32_t w = word_of(v, j >> 1);
+    return __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
+  } else {
+    const uint32_t w = word_of(v, j >> 1);
+    return decode<K>(static_cast<uint16_t>((j & 1) ? (w >> 16) : (w & 0xffffu)));
+  }
+}
+
+// Packed max of two 16-bit pairs (NaN loses to a number, as fmaxf). Exact for bf16 and fp16.
+template <InKind K>
+__device__ __forceinline__ uint32_t max_pair(uint32_t a, uint32_t b) {
+  uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (K == InKind::BF16) {
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  } else {
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  }
+#else
+  const float lo = fmaxf(decode<K>(static_cast<uint16_t>(a & 0xffffu)),
+                         decode<K>(static_cast<uint16_t>(b & 0xffffu)));
+  const float hi = fmaxf(decode<K>(static_cast<uint16_t>(a >> 16)),
+                         decode<K>(static_cast<uint16_t>(b >> 16)));
+  // Pick the raw halves back (the max is one of the inputs, or NaN).
+  const uint32_t alo = a & 0xffffu, blo = b & 0xffffu, ahi = a >> 16, bhi = b >> 16;
+  d = (lo == decode<K>(static_cast<uint16_t>(alo)) ? alo : blo) |
+      ((hi == decode<K>(static_cast<uint16_t>(ahi)) ? ahi : bhi) << 16);
+#endif
+  return d;
+}
+
+// The largest element of a 16-byte vector (NaNs ignored unless all are NaN).
+template <InKind K>
+__device__ __forceinline__ float vec_max(const uint4& v) {
+  if constexpr (K == InKind::F32) {
+    return fmaxf(fmaxf(__uint_as_float(v.x), __uint_as_float(v.y)),
+                 fmaxf(__uint_as_float(v.z), __uint_as_float(v.w)));
+  } else {
+    const uint32_t w = max_pair<K>(max_pair<K>(v.x, v.y), max_pair<K>(v.z, v.w));
+    return fmaxf(decode<K>(static_cast<uint16_t>(w & 0xffffu)),
+                 decode<K>(static_cast<uint16_t>(w >> 16)));
+  }
+}
+
+// A vector of four -inf elements of type K (the fill for lanes past the end).
+template <InKind K>
+__device__ __forceinline__ uint4 neg_inf_vec() {
+  uint32_t w;
+  if constexpr (K == InKind::F32) {
+    w = 0xff800000u;
+  } else if constexpr (K == InKind::BF16) {
+    w = 0xff80ff80u;
+  } else {
+    w = 0xfc00fc00u;
+  }
+  return make_uint4(w, w, w, w);
+}
+
 // One warp's selection state. All methods are called by the whole warp, in warp-uniform control.
+//
+// Bound: thr_key is a key that the block provably holds k distinct elements at or above, so any
+// element below it is out. It is the largest of
+//   - this warp's k-th best buffered entry (after a flush),
+//   - the block-shared value (`block_thr`, atomicMax of every warp's bounds),
+//   - the k-th largest of 32 group maxima of the block's per-thread running maxima (group g is
+//     threads g, g+32, ..., g+224; each thread's running max is one of its own elements, so
+//     k groups at or above a value are k distinct elements), recomputed on every hit.
 struct WarpTop {
   unsigned* keys;  // this warp's buffer in shared memory
   int* ids;
   unsigned* block_thr;  // shared: a key that the block holds k entries at or above
   int* shared_count;  // shared: entries in the buffer
-  int count;  // its warp-uniform copy
+  float* lmax;  // shared: each thread's running max (kThreads floats)
+  int count;  // warp-uniform copy of *shared_count
   int k;
   int lane;
   int flush_at;
   unsigned own_key;  // this warp's k-th best at its last flush (pad until it has k)
   int own_id;
-  float thr;  // float form of max(own, block) for the one-compare test
-  Lse lse;
+  unsigned thr_key;
+  float thr;  // from_key(max(thr_key, key(-inf))), for the one-compare test
 
-  __device__ __forceinline__ void refresh() {
-    const unsigned shared_key = *reinterpret_cast<volatile unsigned*>(block_thr);
-    thr = from_key(max(max(own_key, shared_key), kNegInfKey));
+  __device__ __forceinline__ void raise(unsigned key) {
+    thr_key = max(thr_key, key);
+    thr = from_key(max(thr_key, kNegInfKey));
   }
 
   __device__ __forceinline__ void flush() {
@@ -183,68 +268,115 @@ struct WarpTop {
     count = k;
     own_key = sel.kth_key;
     own_id = sel.kth_id;
-    if (lane == 0 && own_id != kPadId) atomicMax(block_thr, own_key);
-  }
-
-  // x[0..N) are the logits with ids id0..id0+N-1 (`valid` false: this lane has none).
-  template <int N>
-  __device__ __forceinline__ void consume(const float* x, bool valid, int id0) {
-    float vmax = -INFINITY;
-    if (valid) {
-      vmax = x[0];
-#pragma unroll
-      for (int j = 1; j < N; ++j) vmax = fmaxf(vmax, x[j]);
-      if (vmax > lse.m) {
-        lse.s *= fast_exp2((lse.m - vmax) * kLog2e);
-        lse.m = vmax;
-      }
-      if (vmax > -INFINITY) {
-        const float mb = lse.m * kLog2e;
-#pragma unroll
-        for (int j = 0; j < N; ++j) lse.s += fast_exp2(fmaf(x[j], kLog2e, -mb));
-      }
+    if (own_id != kPadId) {
+      if (lane == 0) atomicMax(block_thr, own_key);
+      raise(own_key);
     }
-    const bool any = valid && vmax >= thr;
-    if (!__any_sync(kFullMask, any)) return;
-    candidates<N>(x, any, id0);
   }
 
-  template <int N>
-  __device__ __forceinline__ void candidates(const float* x, bool any, int id0) {
-    if (count >= flush_at) flush();  // room for this step: count <= 47 + 32 * N <= kBuf
-    const unsigned shared_key = *reinterpret_cast<volatile unsigned*>(block_thr);
-    if (any) {
+  // One step over this thread's NV vectors of VEC elements: get(u, j) is element j of vector u,
+  // with id idb + u * ustride + j; vectors u >= nvalid do not exist (and read as -inf); vm[u] is
+  // the max of vector u.
+  template <int NV, int VEC, class Get>
+  __device__ __forceinline__ void step(RunLse& run, const float (&vm)[NV], int nvalid, int idb,
+                                       int ustride, int tid, Get get) {
+    const unsigned shared_now = *reinterpret_cast<volatile unsigned*>(block_thr);
+    float tmax = vm[0];
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const unsigned kx = to_key(x[j]);
-        // Exact: an entry the warp's k-th beats, or one below a block-proven bound, is out.
-        if (kx >= shared_key && kbetter(kx, id0 + j, own_key, own_id)) {
-          const int pos = atomicAdd(shared_count, 1);
-          keys[pos] = kx;
-          ids[pos] = id0 + j;
+    for (int u = 1; u < NV; ++u) tmax = fmaxf(tmax, vm[u]);
+    if (tmax > run.m) {  // rare after the first steps: rescale once per step at most
+      const float c = fast_exp2((run.m - tmax) * kLog2e);
+      run.s0 *= c;
+      run.s1 *= c;
+      run.m = tmax;
+      lmax[tid] = tmax;
+    }
+    const float mb = run.m == -INFINITY ? 0.f : run.m * kLog2e;  // all seen are -inf: exp = 0
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float e = fast_exp2(fmaf(get(u, j), kLog2e, -mb));
+        if (((u * VEC + j) & 1) == 0) {
+          run.s0 += e;
+        } else {
+          run.s1 += e;
         }
       }
     }
-    __syncwarp();
-    count = *reinterpret_cast<volatile int*>(shared_count);
-    refresh();
+    raise(shared_now);
+    if (__any_sync(kFullMask, nvalid > 0 && tmax >= thr)) hit<NV, VEC>(vm, nvalid, idb, ustride, get);
+  }
+
+  template <int NV, int VEC, class Get>
+  __device__ __forceinline__ void hit(const float (&vm)[NV], int nvalid, int idb, int ustride,
+                                      Get get) {
+    // Tighten the bound from the block's running maxima first, so that few elements go in.
+    __syncwarp();  // this warp's lmax stores are visible to its lanes
+    const volatile float* lm = lmax;
+    float gm = lm[lane];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) gm = fmaxf(gm, lm[w * 32 + lane]);
+    unsigned key = to_key(gm);
+    unsigned kth = kPadKey;
+    for (int r = 0; r < k; ++r) {
+      kth = warp_max_u32(key);
+      const unsigned holders = __ballot_sync(kFullMask, key == kth);
+      if (lane == __ffs(holders) - 1) key = kPadKey;
+    }
+    if (lane == 0) atomicMax(block_thr, kth);
+    raise(max(kth, *reinterpret_cast<volatile unsigned*>(block_thr)));
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const bool pass = u < nvalid && vm[u] >= thr;
+      if (!__any_sync(kFullMask, pass)) continue;
+      if (count >= flush_at) flush();  // room for this vector: count <= 47 + 32 * VEC <= kBuf
+      if (pass) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float x = get(u, j);
+          if (x >= thr) {
+            const unsigned kx = to_key(x);
+            const int id = idb + u * ustride + j;
+            // Exact: below a block-proven bound, or beaten by the warp's k-th, is out.
+            if (kx >= thr_key && kbetter(kx, id, own_key, own_id)) {
+              const int pos = atomicAdd(shared_count, 1);
+              keys[pos] = kx;
+              ids[pos] = id;
+            }
+          }
+        }
+      }
+      __syncwarp();
+      count = *reinterpret_cast<volatile int*>(shared_count);
+    }
   }
 };
 
 template <InKind K>
-__device__ __forceinline__ void consume_scalars(const typename Storage<K>::T* base, int from,
-                                                int to, int warp, int lane, WarpTop& top) {
-  for (int i0 = from + warp * 32; i0 < to; i0 += kThreads) {  // warp-uniform
-    const int i = i0 + lane;
-    const bool valid = i < to;
-    const float x = valid ? decode<K>(base[i]) : -INFINITY;
-    top.consume<1>(&x, valid, i);
-  }
+__device__ __forceinline__ void tile_step(WarpTop& top, RunLse& run, const uint4 (&r)[4],
+                                          int nvalid, int idb, int tid) {
+  constexpr int kVec = 16 / sizeof(typename Storage<K>::T);
+  float vm[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) vm[u] = vec_max<K>(r[u]);
+  top.step<4, kVec>(run, vm, nvalid, idb, kThreads * kVec, tid,
+                    [&](int u, int j) { return elem_of<K>(r[u], j); });
 }
 
 template <InKind K>
-// Capping registers keeps 4 blocks per SM resident: enough loads in flight.
-__global__ void __launch_bounds__(kThreads, 4) topk_partial_kernel(
+__device__ __forceinline__ void scalar_step(WarpTop& top, RunLse& run,
+                                            const typename Storage<K>::T* base, int i, bool valid,
+                                            int tid) {
+  const float x = valid ? decode<K>(base[i]) : -INFINITY;
+  const float vm[1] = {x};
+  top.step<1, 1>(run, vm, valid ? 1 : 0, i, 0, tid, [&](int, int) { return x; });
+}
+
+template <InKind K>
+// Three blocks per SM: registers for two tiles in flight per thread (the next one loads while
+// this one is worked on).
+__global__ void __launch_bounds__(kThreads, 3) topk_partial_kernel(
     const typename Storage<K>::T* __restrict__ logits, int64_t row_stride, int vocab, int splits,
     int chunk, int k, unsigned* __restrict__ ws_key, int* __restrict__ ws_id,
     float* __restrict__ ws_m, float* __restrict__ ws_s, float* __restrict__ logp,
@@ -252,11 +384,13 @@ __global__ void __launch_bounds__(kThreads, 4) topk_partial_kernel(
   using T = typename Storage<K>::T;
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = 4;
+  constexpr int kTile = kUnroll * kThreads;  // vectors per block step
   __shared__ unsigned s_key[kWarps][kBuf];
   __shared__ int s_id[kWarps][kBuf];
   __shared__ unsigned s_top_key[kWarps * kMaxK];
   __shared__ int s_top_id[kWarps * kMaxK];
   __shared__ float s_m[kWarps], s_s[kWarps];
+  __shared__ float s_lmax[kThreads];
   __shared__ unsigned s_thr;
   __shared__ int s_count[kWarps];
 
@@ -264,6 +398,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_partial_kernel(
   const int lane = tid & 31, warp = tid >> 5;
   if (tid == 0) s_thr = kPadKey;
   if (tid < kWarps) s_count[tid] = 0;
+  s_lmax[tid] = -INFINITY;
   __syncthreads();
 
   const int row = blockIdx.x / splits;
@@ -277,77 +412,70 @@ __global__ void __launch_bounds__(kThreads, 4) topk_partial_kernel(
   top.ids = s_id[warp];
   top.block_thr = &s_thr;
   top.shared_count = &s_count[warp];
+  top.lmax = s_lmax;
   top.count = 0;
   top.k = k;
   top.lane = lane;
-  top.flush_at = min(k + 32, kBuf - 32);
+  top.flush_at = min(k + 32, kBuf - 32 * kVec);
   top.own_key = kPadKey;
   top.own_id = kPadId;
+  top.thr_key = kPadKey;
   top.thr = -INFINITY;
+  RunLse run;
 
-  // Scalar head up to 16-byte alignment, then 16-byte vectors, then a scalar tail. Each warp
-  // meets its elements in increasing id order (not needed for exactness, kept for clarity).
+  // Scalar head up to 16-byte alignment (< kVec elements), 16-byte vectors, scalar tail.
   const uintptr_t addr = reinterpret_cast<uintptr_t>(base + start);
   const int head = min(end - start, static_cast<int>(((16u - (addr & 15u)) & 15u) / sizeof(T)));
   const int vstart = start + head;
   const int nvec = (end - vstart) / kVec;
   const int vend = vstart + nvec * kVec;
-  consume_scalars<K>(base, start, vstart, warp, lane, top);
+  if (head > 0) scalar_step<K>(top, run, base, start + tid, tid < head, tid);
 
   const uint4* vp = reinterpret_cast<const uint4*>(base + vstart);
-  constexpr int kTile = kUnroll * kThreads;
-  if (nvec >= kTile) {
-    // Seed the block bound from the first tile: the k-th largest of the warp's 32 lane maxima is
-    // a value that k distinct elements reach, so anything below it is out of the top k.
-    float lane_max = -INFINITY;
+  const int full = nvec / kTile;
+  uint4 a[kUnroll], b[kUnroll];
+  if (full > 0) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float x[kVec];
-      decode_vec<K>(__ldg(vp + tid + u * kThreads), x);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) lane_max = fmaxf(lane_max, x[j]);
-    }
-    unsigned key = to_key(lane_max);
-    unsigned kth = kPadKey;
-    for (int r = 0; r < k; ++r) {
-      kth = warp_max_u32(key);
-      const unsigned holders = __ballot_sync(kFullMask, key == kth);
-      if (lane == __ffs(holders) - 1) key = kPadKey;
-    }
-    if (lane == 0) atomicMax(&s_thr, kth);
-    __syncwarp();
-    top.refresh();
+    for (int u = 0; u < kUnroll; ++u) a[u] = __ldg(vp + tid + u * kThreads);
   }
-  int b0 = 0;
-  for (; b0 + kTile <= nvec; b0 += kTile) {  // block-uniform
-    uint4 raw[kUnroll];
+  for (int t = 0; t < full; t += 2) {  // block-uniform; a holds tile t, b is loaded for t + 1
+    const int b0 = t * kTile;
+    if (t + 1 < full) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) raw[u] = __ldg(vp + b0 + tid + u * kThreads);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float x[kVec];
-      decode_vec<K>(raw[u], x);
-      top.consume<kVec>(x, true, vstart + (b0 + tid + u * kThreads) * kVec);
+      for (int u = 0; u < kUnroll; ++u) b[u] = __ldg(vp + b0 + kTile + tid + u * kThreads);
     }
-    top.refresh();
-  }
-  for (int v0 = b0 + warp * 32; v0 < nvec; v0 += kThreads) {  // warp-uniform
-    const int v = v0 + lane;
-    const bool valid = v < nvec;
-    float x[kVec];
-    if (valid) {
-      decode_vec<K>(__ldg(vp + v), x);
-    } else {
+    tile_step<K>(top, run, a, kUnroll, vstart + (b0 + tid) * kVec, tid);
+    if (t + 1 >= full) break;
+    if (t + 2 < full) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) x[j] = -INFINITY;
+      for (int u = 0; u < kUnroll; ++u) a[u] = __ldg(vp + b0 + 2 * kTile + tid + u * kThreads);
     }
-    top.consume<kVec>(x, valid, vstart + v * kVec);
+    tile_step<K>(top, run, b, kUnroll, vstart + (b0 + kTile + tid) * kVec, tid);
   }
-  consume_scalars<K>(base, vend, end, warp, lane, top);
+  {
+    const int b0 = full * kTile;
+    if (b0 < nvec) {  // block-uniform: the last, partial tile
+      int nvalid = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = b0 + tid + u * kThreads;
+        if (v < nvec) {
+          a[u] = __ldg(vp + v);
+          ++nvalid;
+        } else {
+          a[u] = neg_inf_vec<K>();
+        }
+      }
+      tile_step<K>(top, run, a, nvalid, vstart + (b0 + tid) * kVec, tid);
+    }
+  }
+  if (vend < end) scalar_step<K>(top, run, base, vend + tid, vend + tid < end, tid);
 
   // Block merge: each warp's k best, then warp 0 over all of them.
   const Selected mine = flush_buffer(top.keys, top.ids, top.shared_count, top.count, k, lane);
-  Lse lse = top.lse;
+  Lse lse;
+  lse.m = run.m;
+  lse.s = run.s0 + run.s1;
   lse.warp_reduce();
   if (lane < k) {
     s_top_key[warp * k + lane] = mine.key;
@@ -416,9 +544,28 @@ void launch(const at::Tensor& logits, int k, const at::Tensor& logp, const at::T
   if (rows == 0) return;
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, logits.get_device()));
-  // Enough blocks for ~8 per SM, but chunks of at least 8192 logits (merging costs per block).
-  int splits = std::min(kMaxSplits, std::max(1, ceil_div(sms * 8, rows)));
-  splits = std::min(splits, std::max(1, vocab / 8192));
+  static const int per_sm = [] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, topk_partial_kernel<K>,
+                                                                 kThreads, 0));
+    return std::max(1, n);
+  }();
+  const int slots = sms * per_sm;
+  // Chunks of at least 8192 logits (merging costs per block). Few rows: as many splits as that
+  // allows. Many rows: the fewest splits that keep the resident slots busy (the last round of
+  // blocks at least 85% full), since longer chunks tighten the bound sooner and need no merge.
+  const int max_splits = std::min(kMaxSplits, std::max(1, vocab / 8192));
+  int splits = max_splits;
+  if (static_cast<int64_t>(rows) * max_splits > slots) {
+    for (int s = 1; s <= max_splits; ++s) {
+      const int64_t blocks = static_cast<int64_t>(rows) * s;
+      const int64_t rounds = (blocks + slots - 1) / slots;
+      if (blocks >= slots && blocks * 100 >= rounds * slots * 85) {
+        splits = s;
+        break;
+      }
+    }
+  }
   const int chunk = ceil_div(ceil_div(vocab, splits), kVec) * kVec;
   splits = ceil_div(vocab, chunk);
 
