@@ -17,7 +17,7 @@ from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import RenderedService
-from ddtree_deploy.steps import Step, StepPlan, StepResult, unified_diff
+from ddtree_deploy.steps import PlanStatus, Step, StepPlan, StepResult, unified_diff
 
 ENV_MODE = 0o600
 UNIT_MODE = 0o644
@@ -64,7 +64,7 @@ class UnitFilesStep:
 
     def apply(self, host: ShellHost) -> StepResult:
         plan = self.check(host)
-        if plan.status == "ok":
+        if plan.status is PlanStatus.OK:
             return StepResult.ok(plan.reason)
         # The env file first: a unit never points at an env file it does not expect yet.
         _install(host, PurePosixPath(self.files.env_path), self.files.env_text, ENV_MODE)
@@ -94,7 +94,7 @@ class DaemonReloadStep:
         return StepPlan.ok(f"systemd has the current {self.unit}")
 
     def apply(self, host: ShellHost) -> StepResult:
-        if (plan := self.check(host)).status == "ok":
+        if (plan := self.check(host)).status is PlanStatus.OK:
             return StepResult.ok(plan.reason)
         systemd.daemon_reload(host)
         return StepResult.changed("systemctl daemon-reload")
@@ -115,7 +115,7 @@ class EnableStep:
         return StepPlan.would_change(f"{self.unit} is {state.unit_file_state or 'not installed'}")
 
     def apply(self, host: ShellHost) -> StepResult:
-        if (plan := self.check(host)).status == "ok":
+        if (plan := self.check(host)).status is PlanStatus.OK:
             return StepResult.ok(plan.reason)
         systemd.enable(host, self.unit)
         return StepResult.changed(f"systemctl enable {self.unit}")
@@ -149,7 +149,7 @@ class RestartStep:
         return StepPlan.ok(f"{self.unit} runs and nothing changed under it")
 
     def apply(self, host: ShellHost) -> StepResult:
-        if (plan := self.check(host)).status == "ok":
+        if (plan := self.check(host)).status is PlanStatus.OK:
             return StepResult.ok(plan.reason)
         systemd.reset_failed(host, self.unit)
         systemd.restart(host, self.unit, mask=self.mask)
