@@ -26,7 +26,6 @@ from pathlib import Path
 from staging import staging_venv
 
 REPO = Path(__file__).resolve().parents[2]
-PATCHES = REPO / "patches" / "sglang"
 ROOT = Path.home() / ".cache" / "ddtree-deploy" / "standin"
 _CANDIDATES = (
     Path(os.environ.get("DDTREE_TEST_SGLANG_VENV", "/nonexistent")),
@@ -65,14 +64,21 @@ def _site_dirs(python: Path) -> list[str]:
     return [line for line in out.splitlines() if "site-packages" in line]
 
 
-def build_standin_venv(source: Path, release: str = "0.5.11") -> Path:
-    """Build (or reuse) the stand-in venv for `source`; returns its root."""
+def build_standin_venv(source: Path, release: str = "0.5.11", checkout: Path = REPO) -> Path:
+    """Build (or reuse) the stand-in venv for `source` and the project `checkout`; returns its root.
+
+    The root's `standin.pth` names the checkout's `kernels/` and `tests/`, so the key includes the
+    checkout's path: a root built for another clone would send the unit to paths its container
+    does not have.
+    """
     python = source / "bin" / "python"
     sites = _site_dirs(python)
     sglang_dir = next(Path(s) / "sglang" for s in sites if (Path(s) / "sglang").is_dir())
-    patch_files = sorted((PATCHES / release).glob("*.patch"))
+    patch_files = sorted((checkout / "patches" / "sglang" / release).glob("*.patch"))
     key = hashlib.sha256(
-        "".join([LAYOUT, str(source), *sites, *(p.read_text() for p in patch_files)]).encode()
+        "".join(
+            [LAYOUT, str(checkout), str(source), *sites, *(p.read_text() for p in patch_files)]
+        ).encode()
     ).hexdigest()[:12]
     root = ROOT / key
     if (root / "ready").exists():
@@ -92,16 +98,16 @@ def build_standin_venv(source: Path, release: str = "0.5.11") -> Path:
     base = Path(os.path.realpath(python))
     subprocess.run([str(base), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     site = next((root / "venv").glob("lib/python*")) / "site-packages"
-    lines = [str(patched), str(REPO / "kernels"), str(REPO / "tests"), *sites]
+    lines = [str(patched), str(checkout / "kernels"), str(checkout / "tests"), *sites]
     (site / "standin.pth").write_text("\n".join(lines) + "\n")
     (root / "ready").write_text(str(source) + "\n")
     return root
 
 
-def binds(root: Path, source: Path) -> list[Path]:
+def binds(root: Path, source: Path, checkout: Path = REPO) -> list[Path]:
     """Read-only binds a container needs to run `<root>/venv/bin/python -m standin`."""
     python = source / "bin" / "python"
-    wanted = [root, REPO / "kernels", REPO / "tests", source]
+    wanted = [root, checkout / "kernels", checkout / "tests", source]
     wanted.append(Path(os.path.realpath(python)).parents[1])  # the Python install itself
     for site in _site_dirs(python):
         venv = next((p for p in Path(site).parents if (p / "pyvenv.cfg").exists()), None)
