@@ -552,17 +552,24 @@ void launch(const at::Tensor& logits, int k, const at::Tensor& logp, const at::T
   }();
   const int slots = sms * per_sm;
   // Chunks of at least 8192 logits (merging costs per block). Few rows: as many splits as that
-  // allows. Many rows: the fewest splits that keep the resident slots busy (the last round of
-  // blocks at least 85% full), since longer chunks tighten the bound sooner and need no merge.
+  // allows, or as fit in one round of the resident slots if that round is at least 85% full (a
+  // few blocks spilled into a second round cost a whole chunk's latency). Many rows: the fewest
+  // splits that keep the slots busy (the last round of blocks at least 85% full), since longer
+  // chunks tighten the bound sooner and need no merge.
   const int max_splits = std::min(kMaxSplits, std::max(1, vocab / 8192));
+  const int one_round = slots / rows;
   int splits = max_splits;
   if (static_cast<int64_t>(rows) * max_splits > slots) {
-    for (int s = 1; s <= max_splits; ++s) {
-      const int64_t blocks = static_cast<int64_t>(rows) * s;
-      const int64_t rounds = (blocks + slots - 1) / slots;
-      if (blocks >= slots && blocks * 100 >= rounds * slots * 85) {
-        splits = s;
-        break;
+    if (one_round >= 1 && static_cast<int64_t>(rows) * one_round * 100 >= slots * 85) {
+      splits = one_round;
+    } else {
+      for (int s = 1; s <= max_splits; ++s) {
+        const int64_t blocks = static_cast<int64_t>(rows) * s;
+        const int64_t rounds = (blocks + slots - 1) / slots;
+        if (blocks >= slots && blocks * 100 >= rounds * slots * 85) {
+          splits = s;
+          break;
+        }
       }
     }
   }
