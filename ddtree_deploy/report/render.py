@@ -87,6 +87,7 @@ def status_table(status: HostStatus) -> None:
         ),
         ("pending restart", ", ".join(status.pending_restart) or "no"),
         ("drift", "; ".join(status.drift) or "none"),
+        ("lock", f"held by {status.locked_by}" if status.locked_by else "free"),
     ]
     console.print_table(f"status: {status.host}", ("what", "value"), rows)
 

@@ -6,6 +6,7 @@ print nothing themselves; they emit events.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -14,6 +15,7 @@ from ddtree_deploy.errors import ConfigError, DeployError
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
+from ddtree_deploy.hosts.lock import host_lock
 from ddtree_deploy.hosts.staging import StagingResult, prepare_staging_venv
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsResult, KernelsStep
@@ -61,6 +63,11 @@ class ActionOutcome:
     audit: AuditReport | None = None  # action=audit; the CLI writes its report files
 
 
+def _locked(cfg: DeployConfig, host: ShellHost) -> AbstractContextManager[object]:
+    """The host's lock, held by every action that changes the host (see hosts/lock.py)."""
+    return host_lock(host, PurePosixPath(cfg.host.state_dir), cfg.action)
+
+
 def gather_facts(cfg: DeployConfig) -> HostFacts:
     """Probe the configured host through its SGLang venv's Python."""
     with connect(cfg.host) as host:
@@ -92,7 +99,7 @@ def plan_action(cfg: DeployConfig) -> ActionOutcome:
 
 def build_kernels_action(cfg: DeployConfig) -> ActionOutcome:
     """Preflight, then build (or reuse), install and smoke-test the kernels on the host."""
-    with connect(cfg.host) as host:
+    with connect(cfg.host) as host, _locked(cfg, host):
         facts = probe_facts(host, sglang_python(cfg))
         report = run_preflight(cfg, facts)
         emit("preflight", refusals=report.refusals)
@@ -112,7 +119,7 @@ def render_action(cfg: DeployConfig) -> ActionOutcome:
 def deploy_action(cfg: DeployConfig) -> ActionOutcome:
     """Run the deploy pipeline on the configured host, through the validation gates."""
     record = ValidationRecord(cfg.host.name, algo_summary(cfg))
-    with connect(cfg.host) as host:
+    with connect(cfg.host) as host, _locked(cfg, host):
         outcome = deploy_validated(cfg, host, record)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     where = f"generation {outcome.generation}" if outcome.generation else "no generation"
@@ -127,7 +134,7 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
 
 def rollback_action(cfg: DeployConfig) -> ActionOutcome:
     """Return the configured host to its previous generation."""
-    with connect(cfg.host) as host:
+    with connect(cfg.host) as host, _locked(cfg, host):
         outcome = rollback(cfg, host)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     came_from = f" from generation {outcome.from_generation}" if outcome.from_generation else ""
@@ -165,7 +172,7 @@ def prepare_action(cfg: DeployConfig) -> ActionOutcome:
             f"action=prepare builds the SGLang venv of a staging host, and {cfg.host.name} is "
             "not one; install SGLang on it as its operators do, then run action=plan."
         )
-    with connect(cfg.host) as host:
+    with connect(cfg.host) as host, _locked(cfg, host):
         result = prepare_staging_venv(
             host,
             PurePosixPath(cfg.host.sglang_venv),
@@ -223,7 +230,7 @@ def _patch_change(cfg: DeployConfig, *, reverting: bool) -> ActionOutcome:
         PurePosixPath(cfg.host.state_dir),
         reverting=reverting,
     )
-    with connect(cfg.host) as host:
+    with connect(cfg.host) as host, _locked(cfg, host):
         preflight(cfg, host)
         result = step.apply(host)
     row = PlannedStep(step.name, result.status.value, result.detail)

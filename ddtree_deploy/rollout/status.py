@@ -1,4 +1,4 @@
-"""`action=status`: a host's generation, algorithm, unit state, and drift.
+"""`action=status`: a host's generation, algorithm, unit state, drift, and who holds its lock.
 
 Drift is anything changed outside the tool since the current generation was committed: the unit
 or env file's bytes or mode, a unit file systemd has not reloaded, a disabled unit. It reads the
@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.hosts.lock import lock_holder
 from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.service import systemd
@@ -31,6 +32,7 @@ class HostStatus:
     interrupted: int | None  # a generation a killed run left in progress
     pending_restart: tuple[str, ...]
     drift: tuple[str, ...]
+    locked_by: str | None  # the run holding the host's lock, if any
 
 
 def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
@@ -67,6 +69,7 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         interrupted=(state["in_progress"] or {}).get("generation"),
         pending_restart=tuple(owed["reasons"]) if owed else (),
         drift=tuple(drift),
+        locked_by=lock_holder(host, PurePosixPath(cfg.host.state_dir)),
     )
     emit(
         "status",

@@ -6,6 +6,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from ddtree_deploy.hosts.lock import host_lock
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.actions import plan_action
 from ddtree_deploy.rollout.pipeline import deploy
@@ -75,6 +76,9 @@ def test_rollback_returns_to_linear_dflash_and_status_reports_it(
         status = host_status(lab.config(name, tmp_path), host)
         assert (status.generation, status.algo, status.drift) == (1, "DFLASH", ())
         assert status.unit_state == "active (running)"
+        assert status.locked_by is None
+        with host_lock(host, PurePosixPath(f"/var/lib/ddtree-test/{name}"), "deploy") as owner:
+            assert host_status(lab.config(name, tmp_path), host).locked_by == owner.describe()
 
 
 def test_rollback_with_revert_patches_restores_pristine_sglang(
