@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
-from ddtree_deploy.errors import CommandFailed, DeployError
+from ddtree_deploy.errors import CommandFailed, DeployError, HostError
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.report.events import emit
 
@@ -127,12 +127,15 @@ def host_lock(host: ShellHost, state_dir: PurePosixPath, action: str) -> Iterato
     try:
         yield owner
     finally:
-        dropped = host.run(
-            ["sh", "-c", _DROP_SCRIPT, "sh", str(path), owner.to_json()], sudo=True, check=False
-        )
-        # A lock that could not be dropped (connection lost) is ours, from a process that is
-        # about to end: the next run from this controller takes it over.
-        emit("lock.dropped" if dropped.ok else "lock.left", path=str(path))
+        # A lock that cannot be dropped (connection lost) is ours, from a process about to end:
+        # the next run from this controller takes it over. The run's own error must win here.
+        try:
+            dropped = host.run(
+                ["sh", "-c", _DROP_SCRIPT, "sh", str(path), owner.to_json()], sudo=True, check=False
+            ).ok
+        except HostError:
+            dropped = False
+        emit("lock.dropped" if dropped else "lock.left", path=str(path))
 
 
 def _take(host: ShellHost, path: PurePosixPath, owner: LockOwner, stale: str = "") -> None:

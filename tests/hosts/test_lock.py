@@ -8,12 +8,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 
 from ddtree_deploy.cli import main
+from ddtree_deploy.errors import UnreachableHost
+from ddtree_deploy.hosts.connection import CommandResult
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.lock import LOCK_NAME, HostBusy, LockOwner, host_lock, lock_holder
 from ddtree_deploy.hosts.ssh import SshHost
@@ -172,3 +175,28 @@ def test_a_changing_action_on_a_busy_host_exits_9_and_touches_nothing(
     assert err.startswith("error: local is busy: ") and "Traceback" not in err
     assert lock_text(state) == left
     assert sorted(p.name for p in state.iterdir()) == [LOCK_NAME, f"{LOCK_NAME}.guard"]
+
+
+class LosesConnection(LocalHost):
+    """TEST DOUBLE of a transport that dies mid-run: after `cut`, every command fails to connect."""
+
+    cut = False
+
+    def _execute(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> CommandResult:
+        if self.cut:
+            raise UnreachableHost("Cannot reach local: connection reset")
+        return super()._execute(argv, stdin, timeout_s)
+
+
+def test_a_lost_connection_at_the_end_keeps_the_runs_own_error(tmp_path: Path) -> None:
+    host = LosesConnection()
+    events: list[dict[str, Any]] = []
+    with (
+        sink_installed(events.append),
+        pytest.raises(RuntimeError, match="the step failed"),
+        host_lock(host, PurePosixPath(tmp_path / "state"), "deploy") as owner,
+    ):
+        host.cut = True
+        raise RuntimeError("the step failed")
+    assert events[-1]["event"] == "lock.left"
+    assert LockOwner.parse(lock_text(tmp_path / "state")) == owner  # left for the next run
