@@ -1,8 +1,8 @@
 """One changing run at a time per host: `lock.json` in `host.state_dir`.
 
 Every action that changes a host (deploy, rollback, patch, unpatch, build-kernels, prepare) holds
-the lock for its whole run. Taking and dropping it happen under `flock` on the host, so two
-controllers can never both win. The file names its owner (controller machine, pid, user, action,
+the lock for its whole run. Taking and dropping it happen under `flock` on the state folder, so
+two controllers can never both win. The file names its owner (controller machine, pid, user, action,
 start time). A lock left by a run of *this* controller whose process is gone (a killed run) is
 taken over, with an event; any other held lock refuses the run with `HostBusy`, naming the owner
 and the file to remove once the operator knows that run is gone.
@@ -28,17 +28,18 @@ from ddtree_deploy.report.events import emit
 LOCK_NAME = "lock.json"
 _BUSY_EXIT = 75  # EX_TEMPFAIL: the take script found a lock it may not replace
 
+# Both scripts hold `flock` on the state folder itself, so no lock-of-the-lock file is left behind.
 # $1 lock path, $2 our owner JSON, $3 the exact text of a stale lock we may replace ("" if none).
 # Prints the holder's text and exits 75 when the lock is held by someone else.
 _TAKE_SCRIPT = (
-    'set -e; mkdir -p -- "$(dirname -- "$1")"; exec 9>>"$1.guard"; flock -x -w 30 9; '
+    'set -e; dir=$(dirname -- "$1"); mkdir -p -- "$dir"; exec 9<"$dir"; flock -x -w 30 9; '
     'if [ -e "$1" ] && [ "$(cat -- "$1")" != "$3" ]; then cat -- "$1"; exit '
     f"{_BUSY_EXIT}; fi; "
     'printf "%s" "$2" > "$1.tmp"; chmod 600 -- "$1.tmp"; mv -f -- "$1.tmp" "$1"'
 )
 # $1 lock path, $2 our owner JSON: removes the lock only while it is still ours.
 _DROP_SCRIPT = (
-    'exec 9>>"$1.guard"; flock -x -w 30 9; '
+    'exec 9<"$(dirname -- "$1")" && flock -x -w 30 9 && '
     'if [ "$(cat -- "$1" 2>/dev/null)" = "$2" ]; then rm -f -- "$1"; fi'
 )
 
