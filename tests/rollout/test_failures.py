@@ -9,10 +9,15 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from ddtree_deploy.hosts.state import HostStateStore
+from ddtree_deploy.kernel_build import KernelsStep
+from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.pipeline import DeployRolledBack, deploy
+from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import host_status
 from ddtree_deploy.service.render import sha256_text
+from ddtree_deploy.steps import PlanStatus
 from rollout.lab import LabHost, arg, double_record, running_pid
 
 pytestmark = pytest.mark.nspawn
@@ -161,3 +166,39 @@ def host_state_unit_sha(host: object, name: str) -> str:
     text = host.read_text(PurePosixPath(f"/var/lib/ddtree-test/{name}/state.json"))
     assert text is not None
     return str(json.loads(text)["unit_sha256"])
+
+
+@pytest.mark.parametrize("where", ["patch.owed", "patch.done", "kernels.owed", "kernels.done"])
+def test_restart_owed_by_a_killed_patch_or_kernels_step_is_paid_by_the_next_run(
+    lab: LabHost, tmp_path: Path, where: str
+) -> None:
+    """SGLang reads its sources and imports the kernels only at start: a run killed after changing
+    them must leave a restart owed, or the next run (which finds nothing left to change) would
+    keep the old process serving the old code."""
+    name = f"lc-owed-{where.replace('.', '-')}"
+    base = lab.config(name, tmp_path, "algo=dflash")
+    state_dir = PurePosixPath(base.host.state_dir)
+    with lab.connect() as host:
+        deploy(base, host)
+        before = running_pid(host, name)
+        if where.startswith("patch"):  # give the patch step work: SGLang back to its wheel
+            PatchStep.for_release(
+                base.sglang.version, sglang_python(base), state_dir, reverting=True
+            ).apply(host)
+        else:  # give the kernels step work: forget the install, so it is made again
+            store = HostStateStore(host, state_dir)
+            state = store.load()
+            del state["kernels"]
+            store.save(state)
+
+        killed = _cli([*lab.overrides(name, tmp_path), "algo=dflash"], DDTREE_DEPLOY_KILL_AT=where)
+        assert killed.returncode == -9, killed.stderr
+        assert running_pid(host, name) == before  # killed before any restart
+
+        deploy(base, host)
+        assert running_pid(host, name) != before  # the owed restart was paid
+        status = host_status(base, host)
+        assert (status.interrupted, status.pending_restart, status.drift) == (None, (), ())
+        patch = PatchStep.for_release(base.sglang.version, sglang_python(base), state_dir)
+        assert patch.check(host).status is PlanStatus.OK
+        assert KernelsStep.from_config(base).check(host).status is PlanStatus.OK
