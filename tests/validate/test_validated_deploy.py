@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from ddtree_deploy.cli import main
+from ddtree_deploy.hosts.lock import LOCK_NAME
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
@@ -171,8 +172,13 @@ def test_run_killed_during_tree_validation_is_finished_by_the_next_run(
     )
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
     assert host_state(standin_lab, name)["in_progress"] is not None
+    with standin_lab.connect() as host:  # the killed run's lock is still there
+        assert host.exists(PurePosixPath(f"/var/lib/ddtree-test/{name}/{LOCK_NAME}"))
 
     assert deploy(standin_lab, name, tmp_path, 31203, "algo=ddtree") == 0
+    latest = max(tmp_path.glob("*-lab-deploy*/events.jsonl"), key=lambda p: p.stat().st_mtime)
+    events = [json.loads(line)["event"] for line in latest.read_text().splitlines()]
+    assert "lock.stale" in events  # taken over from the killed run of this controller
     report = last_report(tmp_path)
     assert report["decision"] == "promote"
     assert any("left in progress" in note for note in report["notes"])
