@@ -733,5 +733,105 @@ def worker_and_server_hunks():
     return out
 
 
+def ancestor_conv(x, state, weight, parents):
+    """Causal conv of every node over its own path (conv state, root ... node), by hand."""
+    width = weight.shape[1]
+    out = torch.empty_like(x)
+    for b in range(x.shape[0]):
+        for i in range(x.shape[2]):
+            path, j = [], i
+            while j != -1:
+                path.append(j)
+                j = int(parents[b][j])
+            seq = torch.cat([state[b], x[b][:, path[::-1]]], dim=1)
+            out[b, :, i] = (seq[:, -width:] * weight).sum(1)
+    return out
+
+
+@check
+def hybrid_tree_links():
+    """Patch 0007: the real linear-attention backend hands a DDTREE tree's links to the real
+    Triton conv kernel (TRITON_INTERPRET=1), which then convolves each node over its ancestors."""
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hybrid
+    from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    class FakeMambaPool:  # TEST DOUBLE: HybridReqToTokenPool maps requests to Mamba slots
+        def get_mamba_indices(self, req_pool_indices):
+            return req_pool_indices.to(torch.int32)
+
+    def backend(algorithm, mode="tree", eagle_topk=None):
+        args = SimpleNamespace(
+            speculative_algorithm=algorithm,
+            speculative_ddtree_mode=mode,
+            speculative_eagle_topk=eagle_topk,
+        )
+        runner = SimpleNamespace(device="cpu", server_args=args, req_to_token_pool=FakeMambaPool())
+        return hybrid.MambaAttnBackendBase(runner)
+
+    width, prefixes, bs = 6, [4, 0, 7], 3
+    logp, ids = random_draft(bs, width - 1, 3)
+    vi = info.DDTreeVerifyInput.from_draft(
+        logp=logp,
+        ids=ids,
+        root_tokens=torch.tensor([11, 12, 13]),
+        prefix_lens=torch.tensor(prefixes),
+        prefix_lens_cpu=torch.tensor(prefixes),
+        budget=4,  # 5 nodes in a width of 6: one padding node per request
+        width=width,
+    )
+    verify = SimpleNamespace(
+        batch_size=bs,
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        input_ids=torch.zeros(bs * width, dtype=torch.int64),
+        spec_info=vi,
+        req_pool_indices=torch.arange(bs),
+        mamba_track_mask=None,
+    )
+    tree = backend("DDTREE")
+    eager = tree._forward_metadata(verify)
+    tree.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * width)
+    replay = tree._replay_metadata(
+        bs, torch.arange(bs), ForwardMode.TARGET_VERIFY, vi, torch.tensor([9, 9, 9])
+    )
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(bs, 8, width, generator=g)
+    state = torch.randn(bs, 8, 3, generator=g)
+    weight = torch.randn(8, 4, generator=g)
+    parent_found = torch.empty(bs, width, dtype=torch.int64)
+    conv = causal_conv1d_update(
+        x.clone(),
+        state.clone(),
+        weight,
+        retrieve_next_token=eager.retrieve_next_token,
+        retrieve_next_sibling=eager.retrieve_next_sibling,
+        retrieve_parent_token=parent_found,
+    )
+    parents = vi.parents.tolist()
+    real = torch.tensor([[p != -1 or i == 0 for i, p in enumerate(row)] for row in parents])
+    want = ancestor_conv(x, state, weight, parents)
+    chain = ancestor_conv(x, state, weight, [[i - 1 for i in range(width)]] * bs)
+    return {
+        "topk": {
+            "ddtree_tree": tree.topk,
+            "ddtree_shadow": backend("DDTREE", mode="shadow_linear").topk,
+            "dflash": backend("DFLASH", eagle_topk=1).topk,
+            "eagle_topk4": backend("EAGLE", eagle_topk=4).topk,
+        },
+        "eager_links": torch.equal(eager.retrieve_next_token, vi.retrieve_next_token)
+        and torch.equal(eager.retrieve_next_sibling, vi.retrieve_next_sibling),
+        "graph_links": torch.equal(replay.retrieve_next_token, vi.retrieve_next_token.int())
+        and torch.equal(replay.retrieve_next_sibling, vi.retrieve_next_sibling.int()),
+        "shadow_links": backend("DDTREE", mode="shadow_linear")
+        ._forward_metadata(verify)
+        .retrieve_next_token
+        is None,
+        "parents_found": torch.equal(parent_found[:, 1:][real[:, 1:]], vi.parents[:, 1:][real[:, 1:]])
+        and int(real.sum()) == bs * 5,
+        "conv_follows_tree": torch.allclose(conv[..., :5], want[..., :5], atol=1e-5),
+        "tree_differs_from_chain": not torch.allclose(want[..., :5], chain[..., :5], atol=1e-5),
+    }
+
+
 if __name__ == "__main__":
     print("@@RESULT@@" + json.dumps(CHECKS[sys.argv[1]]()))

@@ -190,3 +190,11 @@ def test_attention_backend_refusal_and_default(run_check: Callable[[str], dict])
     assert refusals["flashinfer"] is None and refusals["triton"] is None
     assert refusals["shadow_fa3"] is None and refusals["cpu"] is None
     assert got["default_backend_tree"] in ("flashinfer", "triton")
+
+
+def test_hybrid_gdn_follows_ddtree_tree_links(run_check: Callable[[str], dict]) -> None:
+    """Patch 0007: in tree mode the recurrent layers' conv runs along each node's ancestors."""
+    got = run_check("hybrid_tree_links")
+    assert got["topk"] == {"ddtree_tree": 2, "ddtree_shadow": 0, "dflash": 1, "eagle_topk4": 4}
+    assert got["eager_links"] and got["graph_links"] and got["shadow_links"]
+    assert got["parents_found"] and got["conv_follows_tree"] and got["tree_differs_from_chain"]
