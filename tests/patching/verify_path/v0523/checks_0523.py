@@ -527,11 +527,19 @@ def worker_init():
 
 
 def _attention_setup(mode, *, hybrid, accept_pool=None):
-    backend = SimpleNamespace(
-        topk=0,
-        update_mamba_state_after_mtp_verify=lambda **kw: None,
-        linear_attn_backend=SimpleNamespace(accept_lens_pool=accept_pool),
-    )
+    # The real backend classes, built without __init__ (which needs a GPU model runner): the
+    # outer HybridLinearAttnBackend holds no topk of its own; its linear sub-backend does.
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
+
+    linear = H.MambaAttnBackendBase.__new__(H.MambaAttnBackendBase)
+    linear.topk = 0
+    if accept_pool is not None:
+        linear.accept_lens_pool = accept_pool
+    if hybrid:
+        backend = H.HybridLinearAttnBackend.__new__(H.HybridLinearAttnBackend)
+        backend.linear_attn_backend = linear
+    else:
+        backend = SimpleNamespace()  # a dense target's backend: no Mamba commit
     worker = SimpleNamespace(
         _ddtree_mode=mode,
         draft_parallel_layout=None,
@@ -550,7 +558,11 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
             W.DFlashWorkerV2.init_attention_backends(worker)
         except Exception as e:
             return {"error": f"{type(e).__name__}: {e}"}
-    return {"topk": backend.topk, "mamba_commit": worker._need_mamba_verify_commit}
+    return {
+        "topk": linear.topk,
+        "outer_topk": "topk" in vars(backend),
+        "mamba_commit": worker._need_mamba_verify_commit,
+    }
 
 
 @check

@@ -168,10 +168,11 @@ def test_worker_startup_checks(check: Callable[[str], dict]) -> None:
 
 def test_worker_attention_backends_and_sampler(check: Callable[[str], dict]) -> None:
     r = check("worker_attention_and_sampler")
-    assert r["tree_hybrid"] == {"topk": 2, "mamba_commit": True}
-    assert r["shadow_hybrid"] == {"topk": 0, "mamba_commit": True}
-    assert r["dflash_hybrid"] == {"topk": 0, "mamba_commit": True}
-    assert r["tree_dense"] == {"topk": 0, "mamba_commit": False}
+    # The tree path is switched on where SGLang reads it: the linear-attention sub-backend.
+    assert r["tree_hybrid"] == {"topk": 2, "outer_topk": False, "mamba_commit": True}
+    assert r["shadow_hybrid"] == {"topk": 0, "outer_topk": False, "mamba_commit": True}
+    assert r["dflash_hybrid"] == {"topk": 0, "outer_topk": False, "mamba_commit": True}
+    assert r["tree_dense"] == {"topk": 0, "outer_topk": False, "mamba_commit": False}
     assert "KDA fused-accept" in r["tree_kda_pool"]["error"]
     assert r["tree_sampler"] == "None"
 
