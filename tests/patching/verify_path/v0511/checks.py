@@ -6,8 +6,9 @@ kernel then runs on CPU tensors). Prints one JSON object; the pytest side assert
 
 What is real: every DDTREE function the patches add, DFlashVerifyInput (prepare_for_verify,
 verify), SGLang's ForwardMode, vocab shard indices, Triton req_to_token writer and native KV
-move. TEST DOUBLES (a ScheduleBatch needs a scheduler, a Req a tokenizer, a KV pool a GPU):
-`FakeBatch`, `FakeReq`, `FakeAllocator`, `FakeGroup` (simulated TP ranks in threads).
+move, the hybrid backend's verify metadata and its Triton conv kernel (interpreted). TEST
+DOUBLES (a ScheduleBatch needs a scheduler, a Req a tokenizer, a KV pool a GPU): `FakeBatch`,
+`FakeReq`, `FakeAllocator`, `FakeMambaPool`, `FakeGroup` (simulated TP ranks in threads).
 """
 
 from __future__ import annotations
