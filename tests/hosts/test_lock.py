@@ -74,11 +74,12 @@ from pathlib import Path, PurePosixPath
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.lock import HostBusy, host_lock
 go = Path(sys.argv[2])
+Path(sys.argv[3]).touch()  # imported and waiting
 while not go.exists():
     time.sleep(0.005)
 try:
     with host_lock(LocalHost(), PurePosixPath(sys.argv[1]), "deploy"):
-        time.sleep(1.5)
+        time.sleep(3)  # far longer than the racers need to reach the lock
 except HostBusy:
     sys.exit(9)
 """
@@ -86,12 +87,15 @@ except HostBusy:
 
 def test_runs_racing_for_the_lock_never_both_win(tmp_path: Path) -> None:
     go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(6)]
     racers = [
-        subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "state"), str(go)])
-        for _ in range(6)
+        subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "state"), str(go), str(r)])
+        for r in ready
     ]
-    time.sleep(1.0)  # every racer is waiting for the start file
-    go.touch()
+    deadline = time.monotonic() + 60
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()  # every racer is polling for it now
     codes = sorted(racer.wait(timeout=60) for racer in racers)
     assert codes == [0, 9, 9, 9, 9, 9]
     assert not (tmp_path / "state" / LOCK_NAME).exists()
