@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -20,7 +21,9 @@ from ddtree_deploy.hosts.connection import CommandResult
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.lock import LOCK_NAME, HostBusy, LockOwner, host_lock, lock_holder
 from ddtree_deploy.hosts.ssh import SshHost
+from ddtree_deploy.report import console, render
 from ddtree_deploy.report.events import sink_installed
+from ddtree_deploy.rollout.status import HostStatus
 
 
 def lock_text(state: Path) -> str:
@@ -204,3 +207,17 @@ def test_a_lost_connection_at_the_end_keeps_the_runs_own_error(tmp_path: Path) -
         raise RuntimeError("the step failed")
     assert events[-1]["event"] == "lock.left"
     assert LockOwner.parse(lock_text(tmp_path / "state")) == owner  # left for the next run
+
+
+def test_status_table_says_who_holds_the_lock() -> None:
+    status = HostStatus(
+        host="ct200", generation=1, lineage=(1,), algo="DFLASH", summary="linear",
+        unit="sglang.service", unit_state="active (running)", enabled="enabled",
+        interrupted=None, pending_restart=(), drift=(), locked_by="action=deploy by ops@a",
+    )  # fmt: skip
+    with console.stdout.capture() as held:
+        render.status_table(status)
+    with console.stdout.capture() as free:
+        render.status_table(replace(status, locked_by=None))
+    assert "held by action=deploy by ops@a" in held.get()
+    assert "│ lock" in free.get() and "free" in free.get().split("│ lock", 1)[1].splitlines()[0]
