@@ -102,11 +102,15 @@ def build_tree(
     custom mask; None skips building it. CUDA limits: K <= 16, L <= 32, budget <= 511, and
     L * ceil(log2 K) + bits(L) <= 64 (K = 16 allows L <= 15).
     """
+    # Both paths get the layout the kernel declares: views (a column of the block ids) are
+    # copied here, once, rather than refused by one backend and accepted by the other.
+    logp, ids = logp.contiguous(), ids.contiguous()
+    root_tokens = root_tokens.to(torch.int64).contiguous()
+    prefix_lens = prefix_lens.to(torch.int64).contiguous()
     if backend_for(logp) is Backend.REFERENCE:
         return reference.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_lens_sum)
     reference.check_tree_inputs(logp, ids, root_tokens, prefix_lens, budget)
     batch, n, dev = logp.shape[0], budget + 1, logp.device
-    prefix_lens = prefix_lens.to(torch.int64)
 
     def index_out() -> torch.Tensor:
         return torch.empty(batch, n, dtype=torch.int64, device=dev)
@@ -118,7 +122,7 @@ def build_tree(
     mask_numel = 0 if prefix_lens_sum is None else custom_mask_numel(prefix_lens_sum, batch, budget)
     custom_mask = torch.empty(mask_numel, dtype=torch.bool, device=dev)
     torch.ops.ddtree.build_tree(
-        logp.contiguous(), ids.contiguous(), root_tokens.to(torch.int64), prefix_lens, budget,
+        logp, ids, root_tokens, prefix_lens, budget,
         tokens, parents, depths, positions, ancestor_mask, next_token, next_sibling,
         retrieve_index, num_nodes, custom_mask,
     )  # fmt: skip

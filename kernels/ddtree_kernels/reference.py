@@ -46,7 +46,12 @@ def check_tree_inputs(
     prefix_lens: torch.Tensor,
     budget: int,
 ) -> None:
-    """Raise ValueError unless the tree-build inputs have the documented shapes and dtypes."""
+    """Raise ValueError unless the tree-build inputs are what the CUDA kernel accepts.
+
+    Contiguity is checked here too, although this code would not need it: the CUDA kernel
+    refuses a strided view (a column slice of the block ids, say), so the reference refuses it
+    as well and a caller that passes one fails on CPU, not first on a GPU server.
+    """
     if logp.dim() != 3 or logp.shape != ids.shape:
         raise ValueError(f"logp and ids must both be [B, L, K]; got {logp.shape}, {ids.shape}")
     if logp.dtype != torch.float32 or ids.dtype != torch.int64:
@@ -54,6 +59,9 @@ def check_tree_inputs(
     batch = logp.shape[0]
     if root_tokens.shape != (batch,) or prefix_lens.shape != (batch,):
         raise ValueError("root_tokens and prefix_lens must be [B]")
+    for name, tensor in (("logp", logp), ("ids", ids), ("root_tokens", root_tokens)):
+        if not tensor.is_contiguous():
+            raise ValueError(f"ddtree: {name} must be contiguous")
     if budget < 1:
         raise ValueError(f"budget must be >= 1; got {budget}")
 

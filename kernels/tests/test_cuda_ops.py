@@ -216,3 +216,13 @@ def test_cuda_ops_capture_and_replay_in_a_cuda_graph() -> None:
         _assert_same(outs[2], walk)
         assert int(walk.accept_len.min()) >= 2  # the target follows first children
         _assert_same(outs[3], reference.commit_indices(walk.accept_index, cache_loc))
+
+
+def test_cuda_build_tree_takes_a_column_of_the_block_ids() -> None:
+    """What shadow-linear passes (`block_ids[:, 0]`, a strided view) runs on the CUDA path too."""
+    logp, ids = random_topk(4, 15, 1, 300, seed=9, device="cuda")
+    block_ids = torch.randint(0, 300, (4, 16), device="cuda")
+    prefix = torch.tensor([5, 0, 17, 3], device="cuda")
+    got = ops.build_tree(logp, ids, block_ids[:, 0], prefix, 15, int(prefix.sum()))
+    want = reference.build_tree(logp, ids, block_ids[:, 0].contiguous(), prefix, 15, 25)
+    _assert_same(got, want)

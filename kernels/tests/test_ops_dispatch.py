@@ -37,3 +37,13 @@ def test_ops_on_cpu_equal_the_reference() -> None:
     got = ops.build_tree(logp, ids, roots, prefix, 5, 7)
     want = reference.build_tree(logp, ids, roots, prefix, 5, 7)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_ops_build_tree_takes_a_column_of_the_block_ids() -> None:
+    """The public op copies a strided `root_tokens` view into the kernel's layout on every path."""
+    logp, ids = random_topk(3, 4, 2, vocab=50, seed=5)
+    block_ids = torch.arange(3 * 16).view(3, 16)
+    prefix = torch.tensor([2, 0, 9], dtype=torch.int32)
+    got = ops.build_tree(logp, ids, block_ids[:, 0], prefix, 5, 11)
+    want = reference.build_tree(logp, ids, block_ids[:, 0].clone(), prefix.long(), 5, 11)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -142,3 +142,20 @@ def test_build_tree_rejects_bad_dtypes() -> None:
     logp, ids = random_topk(1, 2, 2, vocab=20, seed=6)
     with pytest.raises(ValueError, match="float32"):
         reference.build_tree(logp.double(), ids, torch.tensor([1]), torch.tensor([3]), 3)
+
+
+def test_reference_refuses_the_views_the_cuda_kernel_refuses() -> None:
+    """A column of the block ids is a strided view: the kernel refuses it, so must the reference.
+
+    The shadow-linear verify once passed `block_ids[:, 0]` as `root_tokens`; the reference took
+    it and every CPU test passed, then the first request on a GPU server crashed the scheduler.
+    """
+    logp, ids = random_topk(3, 4, 2, vocab=50, seed=4)
+    block_ids = torch.arange(3 * 16).view(3, 16)
+    with pytest.raises(ValueError, match="ddtree: root_tokens must be contiguous"):
+        reference.build_tree(logp, ids, block_ids[:, 0], torch.zeros(3, dtype=torch.long), 5)
+    with pytest.raises(ValueError, match="ddtree: logp must be contiguous"):
+        reference.build_tree(
+            logp.transpose(1, 2).contiguous().transpose(1, 2), ids, block_ids[:, 0].clone(),
+            torch.zeros(3, dtype=torch.long), 5,
+        )  # fmt: skip
