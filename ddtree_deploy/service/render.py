@@ -45,6 +45,18 @@ class RenderedService:
     env_text: str
     env_masked: str
     argv: tuple[str, ...]  # ExecStart as the program receives it (API key as ${VAR})
+    environment_masked: dict[str, str]  # the env file's values, the secret masked
+
+    def to_dict(self) -> dict[str, object]:
+        """What `action=render output=json` prints: everything but the secret."""
+        return {
+            "unit_path": str(self.unit_path),
+            "unit_text": self.unit_text,
+            "env_path": str(self.env_path),
+            "env_text": self.env_masked,
+            "argv": list(self.argv),
+            "environment": self.environment_masked,
+        }
 
     @property
     def unit_file(self) -> str:
@@ -99,7 +111,8 @@ def server_argv(cfg: DeployConfig, *, api_key: bool) -> list[str]:
 
 
 def speculative_args(cfg: DeployConfig) -> list[str]:
-    """The `--speculative-*` arguments of the chosen algorithm (block size comes from the draft)."""
+    """The arguments of the chosen algorithm (block size comes from the draft), with what the
+    release needs to speculate on a hybrid target (`sglang.hybrid_speculative_args`)."""
     algo = cfg.algo
     args = [
         "--speculative-algorithm",
@@ -118,6 +131,8 @@ def speculative_args(cfg: DeployConfig) -> list[str]:
         ]
         if algo.allow_hybrid_unsafe:
             args.append("--speculative-ddtree-allow-hybrid-unsafe")
+    if cfg.model.hybrid:
+        args += cfg.sglang.hybrid_speculative_args
     return args
 
 
@@ -152,13 +167,14 @@ def render_service(cfg: DeployConfig, api_key: Secret | None) -> RenderedService
         unit_path=unit_path,
         unit_text=unit_text,
         env_path=env_path,
-        env_text=_render_env(cfg, api_key.reveal() if api_key else None),
-        env_masked=_render_env(cfg, MASK if api_key else None),
+        env_text=_render_env(_env_values(cfg, api_key.reveal() if api_key else None)),
+        env_masked=_render_env(_env_values(cfg, MASK if api_key else None)),
         argv=tuple(argv),
+        environment_masked=_env_values(cfg, MASK if api_key else None),
     )
 
 
-def _render_env(cfg: DeployConfig, api_key: str | None) -> str:
+def _env_values(cfg: DeployConfig, api_key: str | None) -> dict[str, str]:
     values = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in cfg.host.gpu_ids),
         "PYTHONUNBUFFERED": "1",
@@ -166,5 +182,9 @@ def _render_env(cfg: DeployConfig, api_key: str | None) -> str:
     }
     if api_key is not None:
         values[API_KEY_VAR] = api_key
+    return values
+
+
+def _render_env(values: dict[str, str]) -> str:
     lines = [env_assignment(key, value) for key, value in values.items()]
     return _TEMPLATES.get_template("sglang.env.j2").render(assignments=lines)

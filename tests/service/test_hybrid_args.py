@@ -1,0 +1,49 @@
+"""A hybrid target's rendered command starts speculative decoding on the real SGLang parser.
+
+SGLang 0.5.11 refuses any speculative algorithm on a hybrid (attention + GDN) target while the
+radix cache is on; the units rendered for the CT hosts once carried nothing about it, so their
+linear-DFlash baseline could never start. These tests resolve the rendered argv with the
+release's own `prepare_server_args` (staging venv, CPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpulab.models import write_configs
+from patching.sglang_args_probe import resolve_server_args
+from staging import require_staging_venv
+
+from ddtree_deploy.config import compose_config
+from ddtree_deploy.service.render import server_argv
+
+
+def _rendered_args(tmp_path: Path, *overrides: str) -> list[str]:
+    target, draft = write_configs(tmp_path, "hybrid")
+    cfg = compose_config(
+        ["host=ct200", f"model.target_path={target}", f"model.draft_path={draft}",
+         "model.context_length=2048", *overrides]  # fmt: skip
+    )
+    # SGLang's own arguments (after `python -m sglang.launch_server`), resolved on a CPU.
+    return [*server_argv(cfg, api_key=False)[3:], "--tp-size", "1", "--device", "cpu"]
+
+
+def test_hybrid_dflash_command_resolves_on_0_5_11(tmp_path: Path) -> None:
+    python = str(require_staging_venv("0.5.11") / "bin" / "python")
+    argv = _rendered_args(tmp_path, "algo=dflash")
+    assert "--disable-radix-cache" in argv
+    resolved = resolve_server_args(python, argv)
+    assert resolved.ok, resolved.error
+    assert resolved.fields["disable_radix_cache"] is True
+    # What the release does without it: the refusal the rendered unit used to hit at start.
+    bare = resolve_server_args(python, [a for a in argv if a != "--disable-radix-cache"])
+    assert not bare.ok
+    assert "not compatible with radix cache" in bare.error
+
+
+def test_pure_attention_targets_keep_the_radix_cache() -> None:
+    argv = server_argv(compose_config(["host=ct200", "model=qwen3_8b"]), api_key=False)
+    assert "--disable-radix-cache" not in argv
+    assert "--disable-radix-cache" not in server_argv(
+        compose_config(["host=ct200", "algo=dflash", "sglang=v0_5_23"]), api_key=False
+    )
