@@ -31,7 +31,7 @@ Hydra overrides select what to do and where:
   host=local|ct129|ct200      the host (default local, the staging host on this machine)
   algo=dflash|ddtree|ddtree_shadow
   action={"|".join(ACTIONS)}  (default plan)
-  output=table|json           (action=facts)
+  output=table|json           (action=facts, action=render)
   any config key, e.g. algo.budget=12 gpu=h200 host.address=10.0.0.5
 
 Each run writes events.jsonl under rollout.runs_dir (default ./runs).
@@ -49,6 +49,7 @@ _HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
     "patch": actions.patch_action,
     "unpatch": actions.unpatch_action,
     "audit": actions.audit_action,
+    "validate": actions.validate_action,
 }
 
 
@@ -123,8 +124,8 @@ def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
     if outcome.staging is not None:
         console.print_line(outcome.staging.reason, style="green")
     if outcome.rendered is not None:
-        render.service_files(outcome.rendered)
-    if outcome.lint is not None:
+        _render_service(cfg, outcome)
+    elif outcome.lint is not None:
         render.lint_result(outcome.lint)
     if outcome.results:
         render.results_table(f"{cfg.action}: {cfg.host.name}", outcome.results)
@@ -134,6 +135,16 @@ def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
         render.kernels_result(cfg.host.name, outcome.kernels)
     if outcome.summary is not None:
         console.print_line(outcome.summary, style="green")
+
+
+def _render_service(cfg: DeployConfig, outcome: ActionOutcome) -> None:
+    assert outcome.rendered is not None
+    if cfg.output is Output.json:  # for scripts (the GPU lab starts exactly this argv)
+        render.service_json(outcome.rendered, outcome.lint)
+        return
+    render.service_files(outcome.rendered)
+    if outcome.lint is not None:
+        render.lint_result(outcome.lint)
 
 
 def _write_audit(run_dir: Path, report: AuditReport) -> None:

@@ -158,6 +158,8 @@ def _validation_problems(cfg: DeployConfig) -> list[str]:
         problems.append(f"validation.collapse_ratio={val.collapse_ratio} must be in (0, 1].")
     if val.repeats < 1:
         problems.append(f"validation.repeats={val.repeats} must be at least 1.")
+    if val.concurrency < 1:
+        problems.append(f"validation.concurrency={val.concurrency} must be at least 1.")
     for gate in GATE_TIMINGS:
         timing = getattr(val, gate)
         if timing.timeout_s <= 0 or timing.interval_s <= 0 or timing.initial_delay_s < 0:

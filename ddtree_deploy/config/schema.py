@@ -92,6 +92,9 @@ class SglangConfig:
     version: str = MISSING
     # Installed beside `sglang==version` (--no-deps) when `action=prepare` builds a staging venv.
     staging_requirements: list[str] = field(default_factory=list)
+    # Server arguments this release needs to start speculative decoding on a hybrid
+    # (attention + recurrent) target; the renderer adds them for hybrid models.
+    hybrid_speculative_args: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -209,6 +212,8 @@ class ValidationConfig:
     # A throughput measurement with fewer completion tokens cannot judge a speedup.
     min_measured_tokens: int = 64
     repeats: int = 1  # passes over the prompt set per measurement
+    # Requests in flight while measuring: 1 is batch 1; above it, all passes go out at once.
+    concurrency: int = 1
     on_inconclusive: InconclusivePolicy = InconclusivePolicy.rollback
     hybrid_divergence: HybridDivergencePolicy = HybridDivergencePolicy.inconclusive
     access: GateAccess = GateAccess.ssh_tunnel
@@ -253,6 +258,7 @@ ACTIONS = (
     "patch",
     "unpatch",
     "audit",
+    "validate",
 )
 
 

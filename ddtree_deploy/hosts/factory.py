@@ -1,11 +1,14 @@
-"""Build the right `ShellHost` for a host config."""
+"""Build the right `ShellHost` for a host config.
+
+The SSH transport (Fabric, paramiko) is imported only for an SSH host, so the tool runs on a
+local host, such as the GPU lab's machine, without the SSH stack installed.
+"""
 
 from __future__ import annotations
 
 from ddtree_deploy.config.schema import HostConfig, Transport
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.local import LocalHost
-from ddtree_deploy.hosts.ssh import SshHost
 
 
 def connect(host: HostConfig) -> ShellHost:
@@ -13,6 +16,8 @@ def connect(host: HostConfig) -> ShellHost:
     if host.transport is Transport.local:
         return LocalHost(host.name, default_timeout_s=host.command_timeout_s)
     assert host.address, "config.rules guarantees an address for ssh hosts"
+    from ddtree_deploy.hosts.ssh import SshHost
+
     return SshHost(
         host.name,
         address=host.address,

@@ -54,6 +54,14 @@ def plan_table(host: str, steps: list[PlannedStep]) -> None:
     console.print_table(f"plan: {host}", ("step", "status", "what it would do"), rows)
 
 
+def service_json(rendered: RenderedService, lint: LintReport | None) -> None:
+    """`action=render output=json`: the files, the argv and the environment, secret masked."""
+    data: dict[str, object] = rendered.to_dict()
+    if lint is not None:
+        data["lint"] = {"ok": lint.ok, "summary": lint.summary()}
+    console.stdout.print_json(json.dumps(data))
+
+
 def service_files(rendered: RenderedService) -> None:
     """The unit and the env file as rendered; the env file with its secret masked."""
     console.print_line(f"# {rendered.unit_path}", style="bold")

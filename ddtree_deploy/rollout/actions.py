@@ -27,7 +27,7 @@ from ddtree_deploy.rollout.pipeline import preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status
-from ddtree_deploy.rollout.validation_flow import deploy_validated
+from ddtree_deploy.rollout.validation_flow import deploy_validated, validate_running
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
 from ddtree_deploy.service.secret import load_api_key
@@ -130,6 +130,16 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
         summary=f"{cfg.host.name}: {outcome.changed} step(s) changed; {where} is current.",
         validation=record,
     )
+
+
+def validate_action(cfg: DeployConfig) -> ActionOutcome:
+    """Run the gates against the service as it runs now (after a driver or model update, or
+    on a host whose server this tool does not start); stores a baseline when it serves DFLASH."""
+    record = ValidationRecord(cfg.host.name, algo_summary(cfg))
+    with connect(cfg.host) as host, _locked(cfg, host):
+        preflight(cfg, host)
+        validate_running(cfg, host, record)
+    return ActionOutcome(summary=record.sentence, validation=record)
 
 
 def rollback_action(cfg: DeployConfig) -> ActionOutcome:

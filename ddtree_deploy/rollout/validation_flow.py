@@ -30,7 +30,7 @@ from ddtree_deploy.rollout.generations import GenerationStore, config_hash
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.pipeline import DeployOutcome, GateContext, deploy
 from ddtree_deploy.rollout.rollback import rollback
-from ddtree_deploy.service.render import algo_summary
+from ddtree_deploy.service.render import algo_summary, render_service
 from ddtree_deploy.service.secret import Secret, load_api_key
 from ddtree_deploy.validate.errors import ValidationError
 from ddtree_deploy.validate.gates import (
@@ -46,7 +46,6 @@ from ddtree_deploy.validate.measure import Measurement, measure
 from ddtree_deploy.validate.probes import Expected, ServiceProbe
 from ddtree_deploy.validate.record import ValidationRecord
 
-BASELINE_FILE = "baseline.json"
 MAX_ROLLBACKS = 3  # tree -> shadow -> linear is two; one spare for a resumed run
 
 
@@ -74,7 +73,7 @@ Judge = Callable[[ServiceProbe, GateContext], tuple[list[GateResult], Measuremen
 def deploy_validated(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> DeployOutcome:
     """Deploy `cfg` through the gates its algorithm needs; raise `ValidationFailed` if not promoted.
 
-    Host effects: the pipeline's (generations, unit, restarts), a `baseline.json` in the
+    Host effects: the pipeline's (generations, unit, restarts), a `baseline-<hash>.json` in the
     linear-DFlash generation, a `validation.json` in the promoted one. Idempotent: a host that
     already runs `cfg` is left alone (no gates, decision `unchanged`).
     """
@@ -233,9 +232,13 @@ def _after_failure(
 
 
 def prompts_hash(cfg: DeployConfig) -> str:
-    """Identifies the prompt set a baseline answered (a stored one is reused only for the same)."""
-    data = [dataclasses.asdict(p) for p in cfg.validation.prompts]
-    data.append({"repeats": cfg.validation.repeats})
+    """Identifies how a baseline was measured: the prompt set, its passes and the requests in
+    flight (a stored baseline is reused only for the same; each has its own file)."""
+    val = cfg.validation
+    data: list[dict[str, Any]] = [dataclasses.asdict(p) for p in val.prompts]
+    data.append({"repeats": val.repeats})
+    if val.concurrency != 1:  # batch-1 baselines keep the hash they were stored under
+        data.append({"concurrency": val.concurrency})
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -251,11 +254,13 @@ def _measure(probe: ServiceProbe, label: str, timing_gate: str) -> Measurement:
             repeats=val.repeats,
             timeout_s=timing.timeout_s,
             pause_s=timing.interval_s,
+            concurrency=val.concurrency,
         )
 
 
 def _baseline_path(cfg: DeployConfig, generation: int | None) -> PurePosixPath:
-    return PurePosixPath(cfg.host.state_dir) / "generations" / str(generation or 0) / BASELINE_FILE
+    name = f"baseline-{prompts_hash(cfg)}.json"
+    return PurePosixPath(cfg.host.state_dir) / "generations" / str(generation or 0) / name
 
 
 def _store_baseline(
@@ -333,23 +338,86 @@ def _baseline(
         )
         boundary("validate.baseline")
         return baseline
-    for number in reversed([*state["lineage"], 0]):
-        meta = generations.meta(number) if number else None
-        if number and (meta is None or meta.algo != Algo.DFLASH.value):
-            continue
-        stored = _load_baseline(cfg, host, number)
-        if stored is not None:
-            record.notes.append(f"Baseline reused from generation {number} (stored earlier).")
-            record.add(
-                "baseline", "linear DFlash (stored)", number, [_baseline_result(stored)], stored
-            )
-            return stored
+    found = _stored_baseline(cfg, host, generations)
+    if found is not None:
+        number, stored = found
+        record.notes.append(f"Baseline reused from generation {number} (stored earlier).")
+        record.add("baseline", "linear DFlash (stored)", number, [_baseline_result(stored)], stored)
+        return stored
     sentence = (
         f"{cfg.host.name} does not serve linear DFlash now and has no stored baseline for this "
         "prompt set; deploy algo=dflash first, then algo=ddtree."
     )
     record.decide("failed", sentence)
     raise ValidationFailed(sentence, record)
+
+
+def _stored_baseline(
+    cfg: DeployConfig, host: ShellHost, generations: GenerationStore
+) -> tuple[int, Measurement] | None:
+    """The newest baseline of this prompt set that a linear-DFlash generation stored.
+
+    Generation 0 holds what was recorded before any generation (a staging or lab host's).
+    """
+    state = generations.state()
+    for number in reversed([*state["lineage"], 0]):
+        meta = generations.meta(number) if number else None
+        if number and (meta is None or meta.algo != Algo.DFLASH.value):
+            continue
+        stored = _load_baseline(cfg, host, number)
+        if stored is not None:
+            return number, stored
+    return None
+
+
+# -- action=validate: the gates against the service as it runs now --------------------------------
+
+
+def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> None:
+    """Judge the running service as `cfg` describes it; changes nothing but the baseline.
+
+    Linear DFlash: the polled gates, then the prompt set is measured and stored as the
+    baseline of the current generation. DDTREE: the polled gates, then the shadow-linear or
+    tree gate against the stored baseline. Raises `ValidationFailed` when a gate fails.
+    """
+    api_key = load_api_key(cfg.service)
+    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    number = generations.state()["generation"] or 0
+    judge: Judge
+    if cfg.algo.name is Algo.DFLASH:
+        phase, judge = "baseline", _record_baseline
+    else:
+        found = _stored_baseline(cfg, host, generations)
+        if found is None:
+            sentence = (
+                f"{cfg.host.name} has no stored linear-DFlash baseline for this prompt set; "
+                "run action=validate algo=dflash while linear DFlash serves, then again."
+            )
+            record.decide("failed", sentence)
+            raise ValidationFailed(sentence, record)
+        shadow = cfg.algo.mode is TreeMode.shadow_linear
+        phase = "shadow_linear" if shadow else "tree"
+        judge = _shadow_judge(found[1]) if shadow else _tree_judge(found[1])
+        record.notes.append(f"Compared with the baseline stored in generation {found[0]}.")
+    probe = ServiceProbe(cfg, host, api_key)
+    results = probe.first_gates(Expected.of(cfg))
+    measurement = None
+    if all(r.outcome is Outcome.passed for r in results):
+        context = GateContext(cfg, host, number, render_service(cfg, api_key), api_key)
+        extra, measurement = judge(probe, context)
+        results += extra
+    record.add(phase, algo_summary(cfg), number, results, measurement)
+    for result in results:
+        emit("validate.gate", phase=phase, **result.to_dict())
+    stopper = deciding_gate(results)
+    if decide(results, cfg.validation.on_inconclusive) is not Decision.promote and stopper:
+        sentence = (
+            f"Gate {stopper.gate} {stopper.outcome.value} on {cfg.host.name} "
+            f"({algo_summary(cfg)}): {stopper.sentence}"
+        )
+        record.decide("failed", sentence)
+        raise ValidationFailed(sentence, record)
+    record.decide("passed", f"{cfg.host.name} passes every gate for {algo_summary(cfg)}.")
 
 
 # -- the measured gates ---------------------------------------------------------------------------

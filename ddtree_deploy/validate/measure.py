@@ -1,14 +1,17 @@
 """Answer the prompt set and keep what the gates compare: tokens, acceptance, tokens/s.
 
-Every measurement (baseline, shadow-linear, tree) is taken the same way: the prompts one after
-another, temperature 0, wall-clock time on the control machine around each request, `repeats`
-passes. Tokens are compared on the first pass; throughput is over all passes.
+Every measurement (baseline, shadow-linear, tree) is taken the same way: temperature 0,
+wall-clock time on the control machine, `repeats` passes. With `concurrency` 1 the prompts go
+one after another (batch 1); above 1, every pass goes out at once with at most `concurrency`
+requests in flight, which is how a serving batch is measured. Tokens are compared on the first
+pass; throughput is completion tokens over the time the passes took.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +42,7 @@ class Measurement:
 
     label: str
     results: tuple[PromptResult, ...]
+    elapsed_s: float | None = None  # the passes' wall time; None: the requests' summed times
 
     @property
     def first_pass(self) -> tuple[PromptResult, ...]:
@@ -50,6 +54,8 @@ class Measurement:
 
     @property
     def total_wall_s(self) -> float:
+        if self.elapsed_s is not None:
+            return self.elapsed_s
         return sum(r.wall_s for r in self.results)
 
     @property
@@ -86,7 +92,11 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, token ids included (what the generation stores as its baseline)."""
-        return {"label": self.label, "results": [asdict(r) for r in self.results]}
+        return {
+            "label": self.label,
+            "elapsed_s": self.elapsed_s,
+            "results": [asdict(r) for r in self.results],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
@@ -101,7 +111,12 @@ class Measurement:
             )
             for r in data["results"]
         )
-        return cls(label=str(data["label"]), results=results)
+        elapsed = data.get("elapsed_s")  # absent in baselines stored before concurrency
+        return cls(
+            label=str(data["label"]),
+            results=results,
+            elapsed_s=None if elapsed is None else float(elapsed),
+        )
 
 
 WARMUP_TOKENS = 8
@@ -115,33 +130,44 @@ def measure(
     repeats: int,
     timeout_s: float,
     pause_s: float = 0.0,
+    concurrency: int = 1,
 ) -> Measurement:
     """Answer every prompt `repeats` times after a warm-up; `ValidationError` past `timeout_s`.
 
-    `pause_s` separates passes (the gate's `interval_s`), so repeats sample different moments.
+    `pause_s` separates sequential passes (the gate's `interval_s`), so repeats sample
+    different moments; with `concurrency` above 1 all passes are one batch of requests.
     """
     deadline = time.monotonic() + timeout_s
     if prompts:  # one short, uncounted request first: every measurement starts warm
         client.generate(prompts[0].text, WARMUP_TOKENS)
-    results = []
+
+    def answer(prompt: PromptConfig, repeat: int) -> PromptResult:
+        if time.monotonic() > deadline:
+            raise ValidationError(
+                f"Measuring {label} took longer than {timeout_s:g} s "
+                f"(stopped before prompt {prompt.name!r}, pass {repeat + 1})."
+            )
+        got = client.generate(prompt.text, prompt.max_new_tokens)
+        return PromptResult(
+            name=prompt.name,
+            repeat=repeat,
+            output_ids=got.output_ids,
+            completion_tokens=got.completion_tokens,
+            verify_ct=got.verify_ct,
+            wall_s=got.wall_s,
+        )
+
+    results: list[PromptResult] = []
+    start = time.perf_counter()
+    if concurrency > 1:
+        work = [(prompt, repeat) for repeat in range(repeats) for prompt in prompts]
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            results = list(pool.map(lambda item: answer(*item), work))
+        return Measurement(label, tuple(results), elapsed_s=time.perf_counter() - start)
+    paused = 0.0
     for repeat in range(repeats):
         if repeat:
             time.sleep(pause_s)
-        for prompt in prompts:
-            if time.monotonic() > deadline:
-                raise ValidationError(
-                    f"Measuring {label} took longer than {timeout_s:g} s "
-                    f"(stopped before prompt {prompt.name!r}, pass {repeat + 1})."
-                )
-            answer = client.generate(prompt.text, prompt.max_new_tokens)
-            results.append(
-                PromptResult(
-                    name=prompt.name,
-                    repeat=repeat,
-                    output_ids=answer.output_ids,
-                    completion_tokens=answer.completion_tokens,
-                    verify_ct=answer.verify_ct,
-                    wall_s=answer.wall_s,
-                )
-            )
-    return Measurement(label=label, results=tuple(results))
+            paused += pause_s
+        results += [answer(prompt, repeat) for prompt in prompts]
+    return Measurement(label, tuple(results), elapsed_s=time.perf_counter() - start - paused)

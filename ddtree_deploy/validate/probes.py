@@ -23,7 +23,6 @@ from ddtree_deploy.config.schema import (
 )
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.hosts.tunnel import forwarded_port
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.validate.client import SglangClient
@@ -125,6 +124,9 @@ class ServiceProbe:
             ) as client:
                 yield client
             return
+        # Imported here: the SSH stack loads only when a gate goes through a tunnel.
+        from ddtree_deploy.hosts.tunnel import forwarded_port
+
         with (
             forwarded_port(self.host, svc.listen_host, svc.port) as port,
             SglangClient(
@@ -134,12 +136,19 @@ class ServiceProbe:
             yield client
 
     def first_gates(self, expected: Expected) -> list[GateResult]:
-        """unit active, health, server info, health_generate; stops after the first failure."""
+        """unit active, health, server info, health_generate; stops after the first failure.
+
+        On a host without systemd management (`host.systemd=false`: a process someone else
+        starts, such as the GPU lab's) there is no unit to ask, so the chain starts at /health.
+        """
         val = self.cfg.validation
-        results = [poll("unit_active", val.unit_active, self._unit_active)]
-        if results[-1].outcome is not Outcome.passed:
-            return results
-        restarts = int(results[-1].figures["restarts"])
+        results: list[GateResult] = []
+        restarts: int | None = None
+        if self.cfg.host.systemd:
+            results.append(poll("unit_active", val.unit_active, self._unit_active))
+            if results[-1].outcome is not Outcome.passed:
+                return results
+            restarts = int(results[-1].figures["restarts"])
         with self.client() as client:
             checks: list[tuple[str, GateTimingConfig, Callable[[], Attempt]]] = [
                 ("health", val.health, lambda: self._health(client, restarts)),
@@ -156,13 +165,13 @@ class ServiceProbe:
                     break
         return results
 
-    def _health(self, client: SglangClient, restarts: int) -> Attempt:
+    def _health(self, client: SglangClient, restarts: int | None) -> Attempt:
         """`/health` 200; while it is not, a unit that restarted or died fails the unit gate."""
         try:
             answer = _status(client.health(), "/health")
         except DeployError as err:
             answer = Attempt(False, str(err))
-        if answer.ok:
+        if answer.ok or restarts is None:
             return answer
         unit = self._unit_active()
         if unit.figures["restarts"] > restarts or not unit.ok:
