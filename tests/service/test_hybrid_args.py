@@ -20,10 +20,8 @@ from ddtree_deploy.service.render import server_argv
 
 def _rendered_args(tmp_path: Path, *overrides: str) -> list[str]:
     target, draft = write_configs(tmp_path, "hybrid")
-    cfg = compose_config(
-        ["host=ct200", f"model.target_path={target}", f"model.draft_path={draft}",
-         "model.context_length=2048", *overrides]  # fmt: skip
-    )
+    paths = [f"model.target_path={target}", f"model.draft_path={draft}"]
+    cfg = compose_config(["host=ct200", *paths, "model.context_length=2048", *overrides])
     # SGLang's own arguments (after `python -m sglang.launch_server`), resolved on a CPU.
     return [*server_argv(cfg, api_key=False)[3:], "--tp-size", "1", "--device", "cpu"]
 
