@@ -71,6 +71,7 @@ class ModelConfig:
     hybrid: bool = MISSING  # attention + recurrent (GDN/Mamba) layers
     draft_block_size: int = 16  # the drafter's trained block size
     context_length: int = 32768
+    dtype: str | None = None  # SGLang's --dtype (e.g. float32 to tell a bf16 near-tie from a bug)
 
 
 @dataclass

@@ -103,6 +103,7 @@ def server_argv(cfg: DeployConfig, *, api_key: bool) -> list[str]:
         f"{svc.mem_fraction_static:g}",
         "--context-length",
         str(model.context_length),
+        *(["--dtype", model.dtype] if model.dtype else []),
         *speculative_args(cfg),
     ]
     if api_key:
