@@ -261,6 +261,21 @@ def main() -> int:
         for action in ("plan", "patch", "audit", "build-kernels")
     ]
     cells: list[Cell] = []
+
+    def save() -> None:
+        """After every cell: a call cut short still brings back what ran."""
+        results = {
+            "release": RELEASE,
+            "steps": [asdict(s) for s in steps],
+            "cells": [asdict(c) for c in cells],
+            "wall_s": round(time.monotonic() - began, 1),
+        }
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        (args.out / "results.md").write_text(render_table(results))
+        with tarfile.open(args.out / "logs.tar.gz", "w:gz") as archive:
+            archive.add(lab.logs, "logs")
+            archive.add(lab.runs, "runs")
+
     labels = {"batch1": []} if args.quick else {"batch1": [], "batched": list(BATCHED)}
     for target in args.targets.split(","):
         for algo in ALGOS:
@@ -269,6 +284,7 @@ def main() -> int:
                 for c in OVERHEAD_CONCURRENCY[1:]:
                     more[f"c{c}"] = [f"validation.concurrency={c}", f"validation.repeats={c // 4}"]
             cells.append(run_cell(lab, target, algo, [], more))
+            save()
         diverged = [
             c
             for c in cells[-3:]
@@ -280,15 +296,9 @@ def main() -> int:
                 cells.append(
                     run_cell(lab, target, cell.algo, ["model.dtype=float32"], {"batch1": []})
                 )
-    results = {"release": RELEASE, "steps": [asdict(s) for s in steps], "cells": [asdict(c) for c in cells],
-               "wall_s": round(time.monotonic() - began, 1)}  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    table = render_table(results)
-    (args.out / "results.md").write_text(table)
-    with tarfile.open(args.out / "logs.tar.gz", "w:gz") as archive:
-        archive.add(lab.logs, "logs")
-        archive.add(lab.runs, "runs")
-    print(table)
+            save()
+    save()
+    print((args.out / "results.md").read_text())
     return 0
 
 
