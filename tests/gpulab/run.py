@@ -95,6 +95,10 @@ class Lab:
         site = Path(
             _run([str(self.venv / "bin" / "python"), "-c", "import site; print(site.getsitepackages()[0])"])
         )  # fmt: skip
+        # The machine's python3 may itself be a venv (torch lives in its site-packages, which
+        # --system-site-packages does not reach): list them after the lab venv's own.
+        parents = [p for p in sys.path if p.endswith("-packages") and Path(p).is_dir()]
+        (Path(site) / "lab-parent.pth").write_text("\n".join(parents) + "\n")
         for tarball in bundle.glob("sgl_kernel-*.tar.gz"):
             with tarfile.open(tarball) as archive:
                 archive.extractall(site, filter="data")
