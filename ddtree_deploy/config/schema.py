@@ -71,7 +71,6 @@ class ModelConfig:
     hybrid: bool = MISSING  # attention + recurrent (GDN/Mamba) layers
     draft_block_size: int = 16  # the drafter's trained block size
     context_length: int = 32768
-    dtype: str | None = None  # SGLang's --dtype (e.g. float32 to tell a bf16 near-tie from a bug)
 
 
 @dataclass
@@ -131,6 +130,9 @@ class ServiceConfig:
     # The module `python -m` runs from the host's SGLang venv; tests point it at a stand-in.
     launch_module: str = "sglang.launch_server"
     extra_args: list[str] = field(default_factory=list)  # appended to ExecStart, each quoted
+    # --enable-deterministic-inference: batch-invariant kernels, so greedy tokens do not depend
+    # on what else is in the batch (slower; tells a bf16 near-tie from a verify bug).
+    deterministic_inference: bool = False
     environment: dict[str, str] = field(default_factory=dict)  # extra env-file entries
     user: str = "root"
     unit_dir: str = "/etc/systemd/system"

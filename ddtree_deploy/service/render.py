@@ -103,9 +103,10 @@ def server_argv(cfg: DeployConfig, *, api_key: bool) -> list[str]:
         f"{svc.mem_fraction_static:g}",
         "--context-length",
         str(model.context_length),
-        *(["--dtype", model.dtype] if model.dtype else []),
         *speculative_args(cfg),
     ]
+    if svc.deterministic_inference:
+        argv.append("--enable-deterministic-inference")
     if api_key:
         argv += ["--api-key", exec_variable(API_KEY_VAR)]
     return argv + list(svc.extra_args)

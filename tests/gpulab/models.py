@@ -4,11 +4,18 @@ Two targets: a pure-attention `Qwen3ForCausalLM` and a hybrid `Qwen3NextForCausa
 delta-net layers between attention layers), both with a 64-token character vocabulary. A
 vocabulary that small makes the target's greedy token fall among the draft's top-k often, so
 tree mode accepts through sibling branches: the path a hybrid target's recurrent state can get
-wrong. Target weights are drawn from a fixed seed and written as safetensors, so every server
-start reads the same model; the draft directory holds only its config (SGLang draws its
-weights with `--speculative-draft-load-format dummy`, seeded). The tokenizer is a real
-`tokenizers` character vocabulary, so the validation prompts (text) go through SGLang's
-tokenizer and detokenizer as in production.
+wrong. All weights are drawn from a fixed seed and written as safetensors, so every server
+start reads the same models. The tokenizer is a real `tokenizers` character vocabulary, so the
+validation prompts (text) go through SGLang's tokenizer and detokenizer as in production.
+
+Random weights alone give a drafter that almost never agrees with the target (acceptance
+about 1.04), which exercises no tree. So the models are shaped, and only this way: the target's
+output rows for four FAVOURED tokens are scaled up, so its greedy token is usually one of them,
+in an order the context decides; the drafter (which reads the target's embedding and output
+head, as DFlash does) sees the [MASK] embedding pointed at those four rows with falling
+weights, so its top-4 is the favoured set, best first, nudged by its small random layer. The
+chain then accepts when the target picks the first favoured token; the tree also accepts
+through the siblings.
 
 `write_model(root, kind)` needs torch, tokenizers and transformers (the SGLang venv has them);
 `write_configs(root, kind)` writes the configs only, which is what CPU tests of argument
@@ -32,6 +39,8 @@ SEED = 20261201
 KINDS = ("attention", "hybrid")
 DRAFT_BLOCK_SIZE = 16
 DRAFT_TARGET_LAYERS = [1, 2]  # target layers whose hidden states feed the drafter
+FAVOURED = "eta "  # the tokens the target mostly emits and the drafter ranks first, in order
+FAVOURED_SCALE = 3.0  # their output rows' growth in the target
 
 _COMMON: dict[str, Any] = {
     "vocab_size": len(VOCAB),
@@ -125,8 +134,9 @@ def write_configs(root: Path, kind: str) -> tuple[Path, Path]:
 
 
 def write_model(root: Path, kind: str) -> tuple[Path, Path]:
-    """`write_configs`, the tokenizer, and the target's seeded random weights (bf16)."""
+    """`write_configs`, the tokenizer, and seeded weights for target and drafter (bf16)."""
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     target, draft = write_configs(root, kind)
@@ -135,12 +145,57 @@ def write_model(root: Path, kind: str) -> tuple[Path, Path]:
     torch.manual_seed(SEED)
     config = AutoConfig.from_pretrained(target)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _favour(model.lm_head.weight.data, model.get_input_embeddings().weight.data)
     model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
+    save_file(_draft_weights(draft_config(kind)), str(draft / "model.safetensors"))
     # save_pretrained rewrites config.json in transformers' own spelling; SGLang's Qwen3-Next
     # config reads `full_attention_interval`, which transformers folds into `layer_types`.
     _write_json(target / "config.json", {**json.loads((target / "config.json").read_text()),
                                          **TARGETS[kind]})  # fmt: skip
     return target, draft
+
+
+def _favour(head: Any, embedding: Any) -> None:
+    """Scale the favoured output rows; point the [MASK] embedding at them, best first."""
+    import torch
+
+    ids = [VOCAB[c] for c in FAVOURED]
+    head[ids] *= FAVOURED_SCALE
+    rows = head[ids] / head[ids].norm(dim=1, keepdim=True)
+    weights = torch.arange(len(ids), 0, -1, dtype=head.dtype).unsqueeze(1)  # 4, 3, 2, 1
+    mask = (weights * rows).sum(0)
+    embedding[MASK_ID] = mask * embedding.norm(dim=1).mean() / mask.norm()
+
+
+def _draft_weights(config: dict[str, Any]) -> dict[str, Any]:
+    """A one-layer DFlash drafter in SGLang's checkpoint names: small random projections (so the
+    target's hidden states nudge it), unit norms (so [MASK] keeps its direction)."""
+    import torch
+
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    q_dim = config["num_attention_heads"] * config["head_dim"]
+    kv_dim = config["num_key_value_heads"] * config["head_dim"]
+    contexts = len(config["dflash_config"]["target_layer_ids"])
+    shapes = {
+        "layers.0.self_attn.q_proj.weight": (q_dim, hidden),
+        "layers.0.self_attn.k_proj.weight": (kv_dim, hidden),
+        "layers.0.self_attn.v_proj.weight": (kv_dim, hidden),
+        "layers.0.self_attn.o_proj.weight": (hidden, q_dim),
+        "layers.0.mlp.gate_proj.weight": (inter, hidden),
+        "layers.0.mlp.up_proj.weight": (inter, hidden),
+        "layers.0.mlp.down_proj.weight": (hidden, inter),
+        "fc.weight": (hidden, hidden * contexts),
+    }
+    generator = torch.Generator().manual_seed(SEED + 1)
+    tensors = {
+        name: torch.randn(shape, generator=generator) * 0.02 for name, shape in shapes.items()
+    }
+    for name in ("layers.0.input_layernorm", "layers.0.post_attention_layernorm", "norm",
+                 "hidden_norm"):  # fmt: skip
+        tensors[f"{name}.weight"] = torch.ones(hidden)
+    for name in ("q_norm", "k_norm"):
+        tensors[f"layers.0.self_attn.{name}.weight"] = torch.ones(config["head_dim"])
+    return {name: t.to(torch.bfloat16).contiguous() for name, t in tensors.items()}
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -10,8 +10,9 @@ shadow_linear, DDTREE tree) it starts the server with exactly the argv and envir
 `action=render output=json` gives (the machine has no systemd, so the lab is the service
 manager), and judges it with `action=validate`, the product's own gates: at batch 1, then with
 several requests in flight. A cell whose tokens differ from DFLASH's is settled by the same
-pair in float32 (`model.dtype=float32`): equal there means a bf16 near-tie, different means a
-bug. The attention target's DFLASH and shadow_linear also run at 8 and 32 requests in flight
+pair in SGLang's deterministic mode (`service.deterministic_inference=true`; sgl-kernel has no
+float32 RMSNorm, so an fp32 run cannot start): equal there means a bf16 near-tie between
+batch shapes, different means a bug. The attention target's DFLASH and shadow_linear also run at 8 and 32 requests in flight
 for the overhead table.
 
 Results: OUT/results.md (the table), OUT/results.json, OUT/logs.tar.gz (every run folder and
@@ -294,11 +295,11 @@ def main() -> int:
             for c in cells[-3:]
             if c.algo != "dflash" and any(r.get("divergence") for r in c.runs.values())
         ]
-        if diverged:  # settle: the same pair in float32
-            cells.append(run_cell(lab, target, "dflash", ["model.dtype=float32"], {"batch1": []}))
+        if diverged:  # settle: the same pair in deterministic mode
+            cells.append(run_cell(lab, target, "dflash", ["service.deterministic_inference=true"], {"batch1": []}))
             for cell in diverged:
                 cells.append(
-                    run_cell(lab, target, cell.algo, ["model.dtype=float32"], {"batch1": []})
+                    run_cell(lab, target, cell.algo, ["service.deterministic_inference=true"], {"batch1": []})
                 )
             save()
     save()

@@ -88,3 +88,11 @@ def test_exec_word_quotes_for_systemd(value: str, word: str) -> None:
 def test_env_assignment_quotes() -> None:
     assert env_assignment("K", "a b$c") == "K='a b$c'"
     assert env_assignment("K", "it's") == 'K="it\'s"'
+
+
+def test_deterministic_inference_is_one_flag() -> None:
+    base = ["host=ct200", "algo=dflash"]
+    plain = render_service(compose_config(base), None).argv
+    strict = render_service(compose_config([*base, "service.deterministic_inference=true"]), None)
+    assert "--enable-deterministic-inference" not in plain
+    assert [a for a in strict.argv if a not in plain] == ["--enable-deterministic-inference"]
