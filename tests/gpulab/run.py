@@ -253,6 +253,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--root", type=Path, default=Path("/tmp/ddtree-lab"))
     parser.add_argument("--targets", default="attention,hybrid")
+    parser.add_argument("--algos", default=",".join(ALGOS), help="dflash must come first")
+    parser.add_argument("--steps", default="plan,patch,audit,build-kernels")
     parser.add_argument("--quick", action="store_true", help="batch 1 only, no overhead table")
     parser.add_argument("--reuse", action="store_true", help="keep an installed --root")
     args = parser.parse_args()
@@ -263,7 +265,7 @@ def main() -> int:
     lab.install(args.bundle, reuse=args.reuse)
     steps = [
         lab.tool(action, f"action={action}")
-        for action in ("plan", "patch", "audit", "build-kernels")
+        for action in args.steps.split(",")
     ]
     cells: list[Cell] = []
 
@@ -283,7 +285,7 @@ def main() -> int:
 
     labels = {"batch1": []} if args.quick else {"batch1": [], "batched": list(BATCHED)}
     for target in args.targets.split(","):
-        for algo in ALGOS:
+        for algo in args.algos.split(","):
             more = dict(labels)
             if target == "attention" and algo != "ddtree" and not args.quick:
                 for c in OVERHEAD_CONCURRENCY[1:]:
