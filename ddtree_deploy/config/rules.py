@@ -131,8 +131,9 @@ def _algo_problems(cfg: DeployConfig) -> list[str]:
     if algo.mode is TreeMode.tree and model.hybrid and not algo.allow_hybrid_unsafe:
         return [
             f"algo.mode=tree on the hybrid target {model.name} needs "
-            "algo.allow_hybrid_unsafe=true (its recurrent layers' tree path is not yet proven "
-            "on a GPU); use algo=ddtree_shadow for the safe chain mode."
+            "algo.allow_hybrid_unsafe=true (on a GPU, tree mode matched DFLASH's tokens on a "
+            "hybrid target but verified no sibling branch, so its recurrent layers' tree path is "
+            "not yet proven); use algo=ddtree_shadow for the safe chain mode."
         ]
     return []
 

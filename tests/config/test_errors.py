@@ -9,7 +9,7 @@ from ddtree_deploy.errors import ConfigError
 
 CASES = [
     pytest.param(["algo=nope"], "Unknown algo 'nope'; choose one of: ddtree, ddtree_shadow, dflash.", id="unknown-algo"),
-    pytest.param(["host=ct300"], "Unknown host 'ct300'; choose one of: ct129, ct200, local.", id="unknown-host"),
+    pytest.param(["host=ct300"], "Unknown host 'ct300'; choose one of: ct129, ct200, h200_lab, local.", id="unknown-host"),
     pytest.param(["gpu=a100"], "Unknown gpu 'a100'; choose one of: h200, none, rtx_pro_6000_blackwell.", id="unknown-gpu"),
     pytest.param(["algo.budget=abc"], "Config key algo.budget has an invalid value: Value 'abc' of type 'str' could not be converted to Integer.", id="wrong-type"),
     pytest.param(["algo.mode=wide"], "Config key algo.mode has an invalid value: Invalid value 'wide', expected one of [tree, shadow_linear].", id="wrong-enum"),
@@ -19,7 +19,7 @@ CASES = [
     pytest.param(["algo.topk=0"], "algo.topk=0 is out of range: it must be between 1 and algo.budget = 15.", id="topk-low"),
     pytest.param(["algo.budget=6", "algo.topk=7"], "algo.topk=7 is out of range: it must be between 1 and algo.budget = 6.", id="topk-above-budget"),
     pytest.param(["algo.block_size=8"], "algo.block_size=8 does not match the draft model's block size 16 (model.draft_block_size of qwen3_8b); set algo.block_size=16.", id="block-size"),
-    pytest.param(["host=ct200", "algo=ddtree"], "algo.mode=tree on the hybrid target qwen36_27b needs algo.allow_hybrid_unsafe=true (its recurrent layers' tree path is not yet proven on a GPU); use algo=ddtree_shadow for the safe chain mode.", id="hybrid-tree"),
+    pytest.param(["host=ct200", "algo=ddtree"], "algo.mode=tree on the hybrid target qwen36_27b needs algo.allow_hybrid_unsafe=true (on a GPU, tree mode matched DFLASH's tokens on a hybrid target but verified no sibling branch, so its recurrent layers' tree path is not yet proven); use algo=ddtree_shadow for the safe chain mode.", id="hybrid-tree"),
     pytest.param(["algo=ddtree_shadow", "algo.topk=2"], "algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget=15 (got topk=2, budget=15); use algo=ddtree_shadow.", id="shadow-not-chain"),
     pytest.param(["abi.torch=2.11"], "abi.torch='2.11' is malformed: give the public torch version as X.Y.Z (e.g. 2.11.0), without a +cuXXX suffix (that is abi.cuda).", id="abi-torch"),
     pytest.param(["abi.torch=2.11.0+cu130"], "abi.torch='2.11.0+cu130' is malformed: give the public torch version as X.Y.Z (e.g. 2.11.0), without a +cuXXX suffix (that is abi.cuda).", id="abi-torch-local"),
