@@ -35,6 +35,7 @@ def _problems(cfg: DeployConfig) -> list[str]:
         *_gpu_problems(cfg),
         *_host_problems(cfg),
         *_algo_problems(cfg),
+        *_service_problems(cfg),
         *_sglang_problems(cfg),
         *_validation_problems(cfg),
     ]
@@ -136,6 +137,30 @@ def _algo_problems(cfg: DeployConfig) -> list[str]:
             "not yet proven); use algo=ddtree_shadow for the safe chain mode."
         ]
     return []
+
+
+# Tree mode needs an attention backend that reads a custom mask; every patch set refuses the
+# others when the server starts, so composition refuses them first.
+TREE_MASK_BACKENDS = ("flashinfer", "triton")
+_BACKEND_FLAGS = (
+    "--attention-backend",
+    "--prefill-attention-backend",
+    "--decode-attention-backend",
+)
+
+
+def _service_problems(cfg: DeployConfig) -> list[str]:
+    if cfg.algo.name is not Algo.DDTREE or cfg.algo.mode is not TreeMode.tree:
+        return []
+    args = cfg.service.extra_args
+    chosen = [(flag, args[i + 1]) for i, flag in enumerate(args[:-1]) if flag in _BACKEND_FLAGS]
+    return [
+        f"service.extra_args sets {flag} {backend}, but DDTREE tree mode needs a backend that "
+        f"reads the tree mask ({' or '.join(TREE_MASK_BACKENDS)}); SGLang would refuse it at "
+        "start."
+        for flag, backend in chosen
+        if backend not in TREE_MASK_BACKENDS
+    ]
 
 
 def _sglang_problems(cfg: DeployConfig) -> list[str]:
