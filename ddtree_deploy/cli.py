@@ -16,10 +16,10 @@ from pathlib import Path
 
 from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
 from ddtree_deploy.errors import DeployError
+from ddtree_deploy.events import JsonLinesSink, emit, sink_installed
 from ddtree_deploy.patching.audit import AuditReport
 from ddtree_deploy.report import console, render, run_report
 from ddtree_deploy.report.audit_report import write_audit_reports
-from ddtree_deploy.report.events import JsonLinesSink, emit, sink_installed
 from ddtree_deploy.rollout import actions
 from ddtree_deploy.rollout.actions import ActionOutcome
 from ddtree_deploy.rollout.validation_flow import ValidationFailed

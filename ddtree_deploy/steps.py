@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar, Protocol
 
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.report.events import emit
 
 
 class PlanStatus(StrEnum):

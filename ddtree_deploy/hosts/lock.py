@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
 from ddtree_deploy.errors import CommandFailed, DeployError, HostError
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.report.events import emit
 
 LOCK_NAME = "lock.json"
 _BUSY_EXIT = 75  # EX_TEMPFAIL: the take script found a lock it may not replace

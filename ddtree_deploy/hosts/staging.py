@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddtree_deploy.errors import DeployError
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.report.events import emit
 
 MARKER = ".ddtree-staging.json"
 

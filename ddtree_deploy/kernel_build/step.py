@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.hosts.state import HostStateStore
@@ -49,7 +50,6 @@ from ddtree_deploy.kernel_build.key import (
     source_tarball,
 )
 from ddtree_deploy.kernel_build.smoke import SMOKE_SCRIPT, SmokeReport, parse_smoke_output
-from ddtree_deploy.report.events import emit
 from ddtree_deploy.steps import PlanStatus, ResultStatus
 
 # Prints the sha256 of the installed ddtree-kernels' RECORD, or nothing when it is not installed.

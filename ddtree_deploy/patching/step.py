@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import ClassVar
 
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import (
@@ -22,7 +23,6 @@ from ddtree_deploy.patching.engine import (
 )
 from ddtree_deploy.patching.errors import PackageNotFound
 from ddtree_deploy.patching.manifest import PatchSet, select_patch_set
-from ddtree_deploy.report.events import emit
 from ddtree_deploy.steps import StepPlan, StepResult
 
 _LOCATE = "import importlib.util as u; s = u.find_spec('{package}'); print(s.origin if s else '')"

@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
@@ -22,7 +23,6 @@ from ddtree_deploy.kernel_build import KernelsResult, KernelsStep
 from ddtree_deploy.patching.audit import AuditReport, audit
 from ddtree_deploy.patching.manifest import select_patch_set
 from ddtree_deploy.patching.step import PatchStep, locate_site_packages
-from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.pipeline import preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.steps import PlanStatus, Step, StepReport

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-from ddtree_deploy.report.events import emit
+from ddtree_deploy.events import emit
 
 KILL_AT_ENV = "DDTREE_DEPLOY_KILL_AT"
 

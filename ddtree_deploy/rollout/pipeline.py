@@ -16,11 +16,11 @@ from typing import ClassVar
 
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import DeployError
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching.step import PatchStep
-from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
 from ddtree_deploy.rollout.killpoints import boundary

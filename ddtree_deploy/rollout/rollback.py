@@ -17,9 +17,9 @@ from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import Algo, DeployConfig
 from ddtree_deploy.errors import DeployError
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.patching.step import PatchStep
-from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles, config_hash
 from ddtree_deploy.rollout.killpoints import boundary

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.lock import lock_holder
-from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import sha256_text, unit_paths

@@ -24,8 +24,8 @@ from typing import Any
 
 from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
 from ddtree_deploy.errors import DeployError
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.report.events import emit
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.pipeline import DeployOutcome, GateContext, deploy

@@ -17,12 +17,12 @@ import pytest
 
 from ddtree_deploy.cli import main
 from ddtree_deploy.errors import UnreachableHost
+from ddtree_deploy.events import sink_installed
 from ddtree_deploy.hosts.connection import CommandResult
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.lock import LOCK_NAME, HostBusy, LockOwner, host_lock, lock_holder
 from ddtree_deploy.hosts.ssh import SshHost
 from ddtree_deploy.report import console, render
-from ddtree_deploy.report.events import sink_installed
 from ddtree_deploy.rollout.status import HostStatus
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.errors import DeployError
+from ddtree_deploy.events import JsonLinesSink, sink_installed
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.report import console
-from ddtree_deploy.report.events import JsonLinesSink, sink_installed
 from ddtree_deploy.rollout.pipeline import deploy
 from ddtree_deploy.rollout.rollback import rollback
 
