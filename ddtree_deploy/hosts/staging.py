@@ -47,7 +47,7 @@ def prepare_staging_venv(
     current = host.read_text(venv / MARKER)
     if current is not None and json.loads(current) == wanted:
         reason = f"{venv} already holds sglang {sglang_version}"
-        emit("prepare.unchanged", venv=str(venv), message=reason)
+        emit("prepare.unchanged", venv=str(venv))  # no progress line: the CLI prints `reason`
         return StagingResult(venv, False, reason)
     building = venv.parent / f".{venv.name}.building"
     host.run(["rm", "-rf", "--", str(building)])
@@ -61,7 +61,7 @@ def prepare_staging_venv(
     host.run(["rm", "-rf", "--", str(venv)])
     host.run(["mv", "--", str(building), str(venv)])
     host.run([base_python, "-m", "venv", "--upgrade", str(venv)])
-    emit("prepare.done", venv=str(venv), message=f"{venv} holds sglang {sglang_version}")
+    emit("prepare.done", venv=str(venv))  # no progress line: the CLI prints the result
     return StagingResult(venv, True, f"built {venv} with sglang {sglang_version}")
 
 
