@@ -147,7 +147,8 @@ def test_audit_of_drifted_file_fails_with_exit_6(
 def _status_event(tmp_path: Path) -> dict[str, object]:
     """The `status` event of the latest action=status run."""
     runs = sorted((tmp_path / "runs").glob("*-status"), key=lambda p: p.stat().st_mtime)
-    events = [json.loads(line) for line in (runs[-1] / "events.jsonl").read_text().splitlines()]
+    lines = (runs[-1] / "events.jsonl").read_text().splitlines()
+    events: list[dict[str, object]] = [json.loads(line) for line in lines]
     (event,) = (e for e in events if e["event"] == "status")
     return event
 
