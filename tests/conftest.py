@@ -35,6 +35,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "nspawn: uses nspawn_host(s), systemd containers booted with systemd-nspawn"
     )
+    config.addinivalue_line(
+        "markers", "clone: runs tests in a fresh clone of this checkout under /tmp (minutes)"
+    )
 
 
 def _require_hostlab(*, containers: bool) -> None:

@@ -47,7 +47,7 @@ def prepare_staging_venv(
     current = host.read_text(venv / MARKER)
     if current is not None and json.loads(current) == wanted:
         reason = f"{venv} already holds sglang {sglang_version}"
-        emit("prepare.unchanged", venv=str(venv), message=reason)
+        emit("prepare.unchanged", venv=str(venv))  # no progress line: the CLI prints `reason`
         return StagingResult(venv, False, reason)
     building = venv.parent / f".{venv.name}.building"
     host.run(["rm", "-rf", "--", str(building)])
@@ -61,7 +61,7 @@ def prepare_staging_venv(
     host.run(["rm", "-rf", "--", str(venv)])
     host.run(["mv", "--", str(building), str(venv)])
     host.run([base_python, "-m", "venv", "--upgrade", str(venv)])
-    emit("prepare.done", venv=str(venv), message=f"{venv} holds sglang {sglang_version}")
+    emit("prepare.done", venv=str(venv))  # no progress line: the CLI prints the result
     return StagingResult(venv, True, f"built {venv} with sglang {sglang_version}")
 
 
@@ -74,12 +74,19 @@ def _build(
     marker: dict[str, str],
 ) -> None:
     """Create the venv at `building` and install into it; the marker is written last."""
-    emit("prepare.stage", message=f"creating venv with {base_python}")
+    # One progress line (a `message`) for the whole build; the stages without one time it in
+    # the run's debug.log.
+    emit(
+        "prepare.stage",
+        stage="venv",
+        message=f"building the staging venv with {base_python}: sglang=={sglang_version} "
+        f"from its PyPI wheel and {len(requirements)} CPU requirements",
+    )
     host.run([base_python, "-m", "venv", str(building)])
     pip = [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-input"]
     if requirements:
-        emit("prepare.stage", message=f"installing {len(requirements)} CPU requirements")
+        emit("prepare.stage", stage="requirements", count=len(requirements))
         host.run([*pip, *requirements], timeout_s=3600)
-    emit("prepare.stage", message=f"installing sglang=={sglang_version} from its PyPI wheel")
+    emit("prepare.stage", stage="sglang", version=sglang_version)
     host.run([*pip, "--no-deps", f"sglang=={sglang_version}"], timeout_s=1200)
     host.write_atomic(building / MARKER, json.dumps(marker, sort_keys=True) + "\n")

@@ -15,6 +15,7 @@ from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import (
     PatchOutcome,
+    PatchPlan,
     SetState,
     apply_patch_set,
     plan_patch,
@@ -66,8 +67,12 @@ class PatchStep:
     ) -> PatchStep:
         return cls(select_patch_set(version), python, state_dir, reverting)
 
+    def plan(self, host: ShellHost) -> PatchPlan:
+        """Every target file's state on the host (what `check` sums up); read-only."""
+        return plan_patch(host, self._site(host), self.patch_set, self._store(host), sudo=True)
+
     def check(self, host: ShellHost) -> StepPlan:
-        plan = plan_patch(host, self._site(host), self.patch_set, self._store(host), sudo=True)
+        plan = self.plan(host)
         wanted = SetState.pristine if self.reverting else SetState.applied
         if plan.state is wanted and plan.unfinished is None:
             return StepPlan.ok(f"patch set {self.patch_set.name} is {wanted.value}")

@@ -94,10 +94,18 @@ def status_table(status: HostStatus) -> None:
             "none" if status.interrupted is None else f"generation {status.interrupted}",
         ),
         ("pending restart", ", ".join(status.pending_restart) or "no"),
+        ("patch set", status.patch_set),
+        *((f"  {state}", path) for path, state in status.patch_files),
+        ("kernels", status.kernels),
         ("drift", "; ".join(status.drift) or "none"),
         ("lock", f"held by {status.locked_by}" if status.locked_by else "free"),
     ]
     console.print_table(f"status: {status.host}", ("what", "value"), rows)
+    if not status.service_managed:
+        console.print_line(
+            f"No service is managed on {status.host} (host.systemd=false): deploys patch SGLang "
+            "and install the kernels there, and only render and lint the unit."
+        )
 
 
 def kernels_result(host: str, result: KernelsResult) -> None:

@@ -26,7 +26,7 @@ from ddtree_deploy.patching.step import PatchStep, locate_site_packages
 from ddtree_deploy.rollout.pipeline import preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
-from ddtree_deploy.rollout.status import HostStatus, host_status
+from ddtree_deploy.rollout.status import HostStatus, host_status, installed_patch_step
 from ddtree_deploy.rollout.validation_flow import deploy_validated, validate_running
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
@@ -158,7 +158,7 @@ def rollback_action(cfg: DeployConfig) -> ActionOutcome:
 
 
 def status_action(cfg: DeployConfig) -> ActionOutcome:
-    """Report the host's generation, algorithm, unit state and drift."""
+    """Report the host's generation, algorithm, unit state, patch set, kernels and drift."""
     with connect(cfg.host) as host:
         status = host_status(cfg, host)
     return ActionOutcome(exit_code=1 if status.drift else 0, status=status)
@@ -200,12 +200,7 @@ def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> 
 
 def _patch_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> PlannedStep:
     try:
-        step = PatchStep.for_release(
-            facts.sglang_version or cfg.sglang.version,
-            sglang_python(cfg),
-            PurePosixPath(cfg.host.state_dir),
-        )
-        plan = step.check(host)
+        plan = installed_patch_step(cfg, facts).check(host)
     except DeployError as err:  # no patch set, no SGLang: the preflight rows say why
         return PlannedStep(PatchStep.name, "unknown", str(err))
     return PlannedStep(PatchStep.name, plan.status.value, plan.reason)

@@ -1,27 +1,38 @@
-"""`action=status`: a host's generation, algorithm, unit state, drift, and who holds its lock.
+"""`action=status`: a host's generation, algorithm, unit state, patch set, kernels, drift, lock.
 
 Drift is anything changed outside the tool since the current generation was committed: the unit
-or env file's bytes or mode, a unit file systemd has not reloaded, a disabled unit. It reads the
-host only; it never changes it.
+or env file's bytes or mode, a unit file systemd has not reloaded, a disabled unit, a patched
+SGLang file that matches neither its pristine nor its patched hash. On a host without systemd
+management (`host.systemd=false`, a staging host) no unit exists to ask about, so the status
+holds the rest. It reads the host only; it never changes it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.hosts.lock import lock_holder
+from ddtree_deploy.kernel_build import KernelsStep
+from ddtree_deploy.patching import FileState
+from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import sha256_text, unit_paths
+from ddtree_deploy.steps import PlanStatus
 
 
 @dataclass(frozen=True)
 class HostStatus:
     host: str
+    service_managed: bool  # host.systemd; false: no unit, unit_state and enabled say so
     generation: int | None
     lineage: tuple[int, ...]
     algo: str
@@ -31,43 +42,56 @@ class HostStatus:
     enabled: str
     interrupted: int | None  # a generation a killed run left in progress
     pending_restart: tuple[str, ...]
+    patch_set: str  # "0.5.11: applied", or why the installed SGLang could not be read
+    patch_files: tuple[tuple[str, str], ...]  # (path, pristine | applied | drifted)
+    kernels: str
     drift: tuple[str, ...]
     locked_by: str | None  # the run holding the host's lock, if any
 
 
+def installed_patch_step(cfg: DeployConfig, facts: HostFacts) -> PatchStep:
+    """The patch step for the release the host has installed (the configured one if unknown)."""
+    return PatchStep.for_release(
+        facts.sglang_version or cfg.sglang.version,
+        sglang_python(cfg),
+        PurePosixPath(cfg.host.state_dir),
+    )
+
+
 def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
-    state = generations.state()
-    unit_path, env_path = unit_paths(cfg)
-    unit = unit_path.name
-    systemd_state = systemd.unit_state(host, unit)
+    state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
+    unit_path = unit_paths(cfg)[0]
     drift: list[str] = []
-    if state["generation"] is not None:
-        for path, key in ((unit_path, "unit_sha256"), (env_path, "env_sha256")):
-            text = host.read_text(path, sudo=True)
-            if text is None:
-                drift.append(f"{path} was removed")
-            elif sha256_text(text) != state.get(key):
-                drift.append(f"{path} was changed outside ddtree-deploy")
-        mode = host.run(["stat", "-c", "%a", "--", str(env_path)], sudo=True, check=False)
-        if mode.ok and mode.stdout.strip() != "600":
-            drift.append(f"{env_path} is mode {mode.stdout.strip()}, not 600")
-        if systemd_state.need_daemon_reload:
-            drift.append(f"systemd runs an older copy of {unit} (daemon-reload pending)")
-        if systemd_state.unit_file_state not in ("enabled", ""):
-            drift.append(f"{unit} is {systemd_state.unit_file_state}")
+    if cfg.host.systemd:
+        unit = systemd.unit_state(host, unit_path.name)
+        unit_state, enabled = unit.describe(), unit.unit_file_state or "not installed"
+        if state["generation"] is not None:
+            drift += _service_drift(cfg, host, state, unit)
+    else:
+        unit_state, enabled = "not managed", "host.systemd=false"
+    facts = probe_facts(host, sglang_python(cfg))
+    patch_set, patch_files = _patch_state(cfg, facts, host)
+    drift += [
+        f"{path} matches neither the pristine nor the patched file of its patch set"
+        for path, file_state in patch_files
+        if file_state == FileState.drifted
+    ]
     owed = state["pending_restart"]
     status = HostStatus(
         host=cfg.host.name,
+        service_managed=cfg.host.systemd,
         generation=state["generation"],
         lineage=tuple(state["lineage"]),
         algo=state.get("algo", "none"),
         summary=state.get("summary", "no generation recorded"),
-        unit=unit,
-        unit_state=systemd_state.describe(),
-        enabled=systemd_state.unit_file_state or "not installed",
+        unit=unit_path.name,
+        unit_state=unit_state,
+        enabled=enabled,
         interrupted=(state["in_progress"] or {}).get("generation"),
         pending_restart=tuple(owed["reasons"]) if owed else (),
+        patch_set=patch_set,
+        patch_files=patch_files,
+        kernels=_kernels_state(cfg, facts, host),
         drift=tuple(drift),
         locked_by=lock_holder(host, PurePosixPath(cfg.host.state_dir)),
     )
@@ -77,5 +101,54 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         algo=status.algo,
         drift=list(status.drift),
         unit_state=status.unit_state,
+        service_managed=status.service_managed,
+        patch_set=status.patch_set,
+        kernels=status.kernels,
     )
     return status
+
+
+def _service_drift(
+    cfg: DeployConfig, host: ShellHost, state: dict[str, Any], unit: systemd.UnitState
+) -> list[str]:
+    """How the installed unit and env file differ from what the current generation wrote."""
+    unit_path, env_path = unit_paths(cfg)
+    drift: list[str] = []
+    for path, key in ((unit_path, "unit_sha256"), (env_path, "env_sha256")):
+        text = host.read_text(path, sudo=True)
+        if text is None:
+            drift.append(f"{path} was removed")
+        elif sha256_text(text) != state.get(key):
+            drift.append(f"{path} was changed outside ddtree-deploy")
+    mode = host.run(["stat", "-c", "%a", "--", str(env_path)], sudo=True, check=False)
+    if mode.ok and mode.stdout.strip() != "600":
+        drift.append(f"{env_path} is mode {mode.stdout.strip()}, not 600")
+    if unit.need_daemon_reload:
+        drift.append(f"systemd runs an older copy of {unit_path.name} (daemon-reload pending)")
+    if unit.unit_file_state not in ("enabled", ""):
+        drift.append(f"{unit_path.name} is {unit.unit_file_state}")
+    return drift
+
+
+def _patch_state(
+    cfg: DeployConfig, facts: HostFacts, host: ShellHost
+) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The installed release's patch set state and each file's, or why it cannot be read."""
+    try:
+        plan = installed_patch_step(cfg, facts).plan(host)
+    except DeployError as err:  # no SGLang, no patch set for it: the sentence says which
+        return str(err), ()
+    return (
+        f"{plan.patch_set}: {plan.state.value}",
+        tuple((str(f.path), f.state.value) for f in plan.files),
+    )
+
+
+def _kernels_state(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> str:
+    """Whether the SGLang venv holds the kernels build its ABI needs (what build-kernels does)."""
+    plan = KernelsStep.from_config(cfg).check(host, facts)
+    if plan.status is PlanStatus.OK and plan.key is not None:
+        return f"{plan.key.slug} installed"
+    if plan.status is PlanStatus.WOULD_CHANGE:
+        return f"not current; action=build-kernels would {plan.reason}"
+    return plan.reason

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from staging import require_staging_venv
 
 from ddtree_deploy.cli import main
+from ddtree_deploy.patching.manifest import select_patch_set
 
 SCRIPT = shutil.which("ddtree-deploy", path=str(Path(sys.executable).parent))
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The installed script, its tables wide enough that no cell wraps."""
     assert SCRIPT, "the ddtree-deploy console script is not installed next to this python"
-    return subprocess.run([SCRIPT, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_main_bad_option_prints_one_sentence_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,3 +60,25 @@ def test_installed_script_plan_refuses_cuda_mismatch(tmp_path: Path) -> None:
     done = run_cli(f"host.sglang_venv={sys.prefix}", "abi.cuda=12.8", f"rollout.runs_dir={tmp_path}", cwd=tmp_path)
     assert done.returncode == 4
     assert "ABI mismatch on local: the config says torch" in done.stdout
+
+
+def test_installed_script_status_on_the_staging_host_reports_patches_and_kernels_not_systemd(tmp_path: Path) -> None:
+    """host=local has no systemd (host.systemd=false): status says so instead of failing in systemctl."""
+    venv = require_staging_venv("0.5.11")  # only read: status changes nothing
+    done = run_cli("action=status", f"host.sglang_venv={venv}", f"host.state_dir={tmp_path / 'state'}", f"rollout.runs_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    pairs = [cells for line in done.stdout.splitlines() if len(cells := [c.strip() for c in line.split("│")[1:-1]]) == 2]
+    rows = dict(pairs)
+    assert rows["generation"] == "none"
+    assert rows["unit"] == "sglang.service: not managed, host.systemd=false"
+    assert rows["patch set"] == "0.5.11: pristine"
+    targets = {str(f.path) for p in select_patch_set("0.5.11").patches for f in p.files}
+    files = {path: state for state, path in pairs if state in ("pristine", "applied", "drifted")}
+    assert files == dict.fromkeys(targets, "pristine")
+    # Built on this host, or taken from the control machine's wheel cache, depending on its state.
+    assert re.fullmatch(r"not current; action=build-kernels would (build|install cached wheel) cp311-torch\S+ .*", rows["kernels"])
+    assert rows["drift"] == "none"
+    assert done.stdout.strip().splitlines()[-1] == (
+        "No service is managed on local (host.systemd=false): deploys patch SGLang and install the kernels there, and only render and lint the unit."
+    )

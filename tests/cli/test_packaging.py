@@ -31,14 +31,28 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(the wheel, what the build backend printed)."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
-        check=True, capture_output=True, timeout=300,
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
+        check=True, capture_output=True, text=True, timeout=300,
     )
     (built,) = out.glob("ddtree_deploy-*.whl")
-    return built
+    return built, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(build: tuple[Path, str]) -> Path:
+    return build[0]
+
+
+def test_wheel_build_has_no_packaging_warning(build: tuple[Path, str]) -> None:
+    """Every data folder is declared, so setuptools has nothing to say about the layout."""
+    log = build[1]
+    assert "running bdist_wheel" in log  # the backend's own output is there to be read
+    assert "is absent from the `packages` configuration" not in log
+    assert "SetuptoolsDeprecationWarning" not in log and "SetuptoolsWarning" not in log
 
 
 def test_wheel_holds_every_data_file_of_the_checkout(wheel: Path) -> None:

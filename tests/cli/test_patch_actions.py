@@ -142,3 +142,32 @@ def test_audit_of_drifted_file_fails_with_exit_6(
     assert code == 6
     assert "spec_info.py" in capsys.readouterr().err
     assert target.read_bytes().endswith(b"# drift\n")
+
+
+def _status_event(tmp_path: Path) -> dict[str, object]:
+    """The `status` event of the latest action=status run."""
+    runs = sorted((tmp_path / "runs").glob("*-status"), key=lambda p: p.stat().st_mtime)
+    lines = (runs[-1] / "events.jsonl").read_text().splitlines()
+    events: list[dict[str, object]] = [json.loads(line) for line in lines]
+    (event,) = (e for e in events if e["event"] == "status")
+    return event
+
+
+def test_status_reports_the_applied_patch_set_then_a_drifted_file_as_drift(
+    capsys: pytest.CaptureFixture[str], sglang_venv: Path, tmp_path: Path
+) -> None:
+    assert _run(capsys, sglang_venv, tmp_path, "patch")[0] == 0
+    code, out = _run(capsys, sglang_venv, tmp_path, "status")
+    assert code == 0 and out.count("│   applied ") == TARGETS
+    assert _status_event(tmp_path)["patch_set"] == "0.5.11: applied"
+
+    (target,) = sglang_venv.glob("lib/python*/site-packages/sglang/srt/speculative/spec_info.py")
+    target.write_bytes(target.read_bytes() + b"# drift\n")
+    code, out = _run(capsys, sglang_venv, tmp_path, "status")
+    assert code == 1 and out.count("│   applied ") == TARGETS - 1
+    event = _status_event(tmp_path)
+    assert event["patch_set"] == "0.5.11: drifted"
+    assert event["drift"] == [
+        "sglang/srt/speculative/spec_info.py matches neither the pristine nor the patched file "
+        "of its patch set"
+    ]

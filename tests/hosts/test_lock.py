@@ -211,9 +211,10 @@ def test_a_lost_connection_at_the_end_keeps_the_runs_own_error(tmp_path: Path) -
 
 def test_status_table_says_who_holds_the_lock() -> None:
     status = HostStatus(
-        host="ct200", generation=1, lineage=(1,), algo="DFLASH", summary="linear",
-        unit="sglang.service", unit_state="active (running)", enabled="enabled",
-        interrupted=None, pending_restart=(), drift=(), locked_by="action=deploy by ops@a",
+        host="ct200", service_managed=True, generation=1, lineage=(1,), algo="DFLASH",
+        summary="linear", unit="sglang.service", unit_state="active (running)",
+        enabled="enabled", interrupted=None, pending_restart=(), patch_set="0.5.11: applied",
+        patch_files=(), kernels="installed", drift=(), locked_by="action=deploy by ops@a",
     )  # fmt: skip
     with console.stdout.capture() as held:
         render.status_table(status)

@@ -6,13 +6,16 @@ TEST DOUBLE support. `build_standin_venv()` makes, under `~/.cache/ddtree-deploy
   that `ddtree-deploy host=local action=prepare` builds, or the patching tests' dev venv),
   patched with `patches/sglang/<release>/*.patch` by `patch -p1 --fuzz=0`; the source venv is
   only read, never modified;
-- `venv/`: a venv of the same Python whose `standin.pth` puts, in order, the patched copy, the
-  project's `kernels/` (for `ddtree_kernels.reference`), `tests/` (for `standin`) and the source
-  venv's site-packages (torch, transformers...) on `sys.path`.
+- `src/`: copies of the checkout's `tests/standin` and `kernels/ddtree_kernels` (the stand-in
+  and the reference ops it decodes with), refreshed on every call;
+- `venv/`: a venv of the same Python whose `standin.pth` puts, in order, the patched copy,
+  `src/` and the source venv's site-packages (torch, transformers...) on `sys.path`.
 
-`binds()` lists what a container needs read-only at the same paths (systemd-nspawn
-`--bind-ro`), so the unit's `ExecStart=<venv>/bin/python -m standin` runs inside it. It lives
-under the home directory because the unit's `PrivateTmp=yes` hides the host's /var/tmp.
+Nothing the unit runs lies in the checkout: a checkout under /tmp is hidden from the service by
+the unit's `PrivateTmp=yes` (kept: the units under test are the production units) and from a
+container by its /tmp tmpfs. `binds()` lists what a container needs read-only at the same paths
+(systemd-nspawn `--bind-ro`), so the unit's `ExecStart=<venv>/bin/python -m standin` runs
+inside it; the cache lives under the home directory, which the unit leaves visible.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ _CANDIDATES = (
     staging_venv("0.5.11"),
 )
 MODEL_DIR = "/opt/standin-models"
-LAYOUT = "2"  # bump when what build_standin_venv lays out changes (old roots are rebuilt)
+LAYOUT = "3"  # bump when what build_standin_venv lays out changes (old roots are rebuilt)
 
 
 def source_venv() -> Path | None:
@@ -64,24 +67,27 @@ def _site_dirs(python: Path) -> list[str]:
     return [line for line in out.splitlines() if "site-packages" in line]
 
 
-def build_standin_venv(source: Path, release: str = "0.5.11", checkout: Path = REPO) -> Path:
-    """Build (or reuse) the stand-in venv for `source` and the project `checkout`; returns its root.
+def standin_root_for(source: Path, release: str = "0.5.11", checkout: Path = REPO) -> Path:
+    """Where `build_standin_venv` puts the root for `source`, `release` and `checkout`.
 
-    The root's `standin.pth` names the checkout's `kernels/` and `tests/`, so the key includes the
-    checkout's path: a root built for another clone would send the unit to paths its container
-    does not have.
+    The key includes the checkout's path, so two checkouts' test runs never refresh each
+    other's `src/` under a running container.
     """
+    patch_files = sorted((checkout / "patches" / "sglang" / release).glob("*.patch"))
+    parts = [LAYOUT, str(checkout), str(source), *_site_dirs(source / "bin" / "python")]
+    text = "".join([*parts, *(p.read_text() for p in patch_files)])
+    return ROOT / hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def build_standin_venv(source: Path, release: str = "0.5.11", checkout: Path = REPO) -> Path:
+    """Build (or reuse) the stand-in venv for `source` and the project `checkout`; returns its root."""
     python = source / "bin" / "python"
     sites = _site_dirs(python)
     sglang_dir = next(Path(s) / "sglang" for s in sites if (Path(s) / "sglang").is_dir())
     patch_files = sorted((checkout / "patches" / "sglang" / release).glob("*.patch"))
-    key = hashlib.sha256(
-        "".join(
-            [LAYOUT, str(checkout), str(source), *sites, *(p.read_text() for p in patch_files)]
-        ).encode()
-    ).hexdigest()[:12]
-    root = ROOT / key
+    root = standin_root_for(source, release, checkout)
     if (root / "ready").exists():
+        _copy_sources(root, checkout)
         return root
     shutil.rmtree(root, ignore_errors=True)
     patched = root / "patched"
@@ -98,16 +104,28 @@ def build_standin_venv(source: Path, release: str = "0.5.11", checkout: Path = R
     base = Path(os.path.realpath(python))
     subprocess.run([str(base), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     site = next((root / "venv").glob("lib/python*")) / "site-packages"
-    lines = [str(patched), str(checkout / "kernels"), str(checkout / "tests"), *sites]
+    _copy_sources(root, checkout)
+    lines = [str(patched), str(root / "src"), *sites]
     (site / "standin.pth").write_text("\n".join(lines) + "\n")
     (root / "ready").write_text(str(source) + "\n")
     return root
 
 
-def binds(root: Path, source: Path, checkout: Path = REPO) -> list[Path]:
+def _copy_sources(root: Path, checkout: Path) -> None:
+    """Copy the stand-in and the kernels' reference into `root/src`, as the checkout has them now."""
+    fresh = root / "src.new"
+    shutil.rmtree(fresh, ignore_errors=True)
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(checkout / "tests" / "standin", fresh / "standin", ignore=skip)
+    shutil.copytree(checkout / "kernels" / "ddtree_kernels", fresh / "ddtree_kernels", ignore=skip)
+    shutil.rmtree(root / "src", ignore_errors=True)
+    fresh.rename(root / "src")
+
+
+def binds(root: Path, source: Path) -> list[Path]:
     """Read-only binds a container needs to run `<root>/venv/bin/python -m standin`."""
     python = source / "bin" / "python"
-    wanted = [root, checkout / "kernels", checkout / "tests", source]
+    wanted = [root, source]
     wanted.append(Path(os.path.realpath(python)).parents[1])  # the Python install itself
     for site in _site_dirs(python):
         venv = next((p for p in Path(site).parents if (p / "pyvenv.cfg").exists()), None)
