@@ -158,6 +158,11 @@ def _build_patch(directory: Path, package: str, entry: dict[str, Any]) -> Patch:
 
 
 def _build_gate(entry: dict[str, Any]) -> GateReview:
+    if entry["disposition"] == "unreviewed":  # left by action=port for a person to decide
+        raise ValueError(
+            f"gate {entry['file']}:{entry['function']} is unreviewed; review it (covered, "
+            "widened or dflash-only) before this set can serve a release"
+        )
     disposition = Disposition(str(entry["disposition"]))
     patch = entry.get("patch")
     reason = entry.get("reason")
