@@ -249,6 +249,13 @@ class RollbackConfig:
     revert_patches: bool = False
 
 
+@dataclass
+class PortConfig:
+    """Where `action=port` writes its candidate set (default: the run folder)."""
+
+    out: str | None = None  # a folder that must not exist yet
+
+
 ACTIONS = (
     "plan",
     "facts",
@@ -262,6 +269,7 @@ ACTIONS = (
     "unpatch",
     "audit",
     "validate",
+    "port",
 )
 
 
@@ -279,6 +287,7 @@ class DeployConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rollback: RollbackConfig = field(default_factory=RollbackConfig)
+    port: PortConfig = field(default_factory=PortConfig)
     action: str = "plan"
     output: Output = Output.table
 

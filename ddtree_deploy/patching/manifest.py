@@ -110,8 +110,9 @@ def select_patch_set(version: str, root: Path | None = None) -> PatchSet:
     if not serving:
         supported = ", ".join(str(s.release) for s in sets) or "none"
         raise UnsupportedRelease(
-            f"SGLang {version} has no patch set (supported: {supported}); "
-            "pin a supported release in the host's sglang config."
+            f"SGLang {version} has no patch set (supported: {supported}); pin a supported "
+            f"release in the host's sglang config, or run `ddtree-deploy action=port "
+            f"sglang.version={version}` for a candidate set to review."
         )
     return serving[0]
 
