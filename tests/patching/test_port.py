@@ -96,7 +96,7 @@ def _record(site: Path) -> dict[PurePosixPath, str]:
 def _gnu_patch(site: Path, diff: Path, fuzz: int) -> subprocess.CompletedProcess[str]:
     if shutil.which("patch") is None:
         pytest.skip("GNU patch is not installed")
-    argv = ["patch", "-p1", f"--fuzz={fuzz}", "--no-backup-if-mismatch", "-r", "-", "-i", diff]
+    argv = ["patch", "-p1", f"--fuzz={fuzz}", "--no-backup-if-mismatch", "-r", "-", "-i", str(diff)]
     return subprocess.run(argv, cwd=site, capture_output=True, text=True, check=False)
 
 
