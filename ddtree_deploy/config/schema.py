@@ -251,9 +251,10 @@ class RollbackConfig:
 
 @dataclass
 class PortConfig:
-    """Where `action=port` writes its candidate set (default: the run folder)."""
+    """Where `action=port` reads reviewed sets from and writes its candidate set."""
 
-    out: str | None = None  # a folder that must not exist yet
+    out: str | None = None  # a folder that must not exist yet; default the run folder
+    sets: str | None = None  # a folder of reviewed sets; default the shipped patches/sglang
 
 
 ACTIONS = (

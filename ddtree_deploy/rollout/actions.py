@@ -241,7 +241,7 @@ def port_action(cfg: DeployConfig) -> ActionOutcome:
         raise PortRefused(
             f"port.out={cfg.port.out} already exists; nothing was written: choose a new folder."
         )
-    report = port_patch_set(cfg.sglang.version)
+    report = port_patch_set(cfg.sglang.version, root=Path(cfg.port.sets) if cfg.port.sets else None)
     emit(
         "port",
         release=report.release,

@@ -326,3 +326,43 @@ def test_port_write_candidate_refuses_existing_folder(
     with pytest.raises(PortRefused):
         write_candidate(fitting_port.candidate, tmp_path / "taken")
     assert list((tmp_path / "taken").iterdir()) == []
+
+
+def test_port_cli_success_writes_candidate_into_run_folder(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sets = _fitting_root(tmp_path)
+    runs = tmp_path / "runs"
+    argv = [
+        "action=port",
+        f"sglang.version={RELEASE}",
+        f"port.sets={sets}",
+        f"rollout.runs_dir={runs}",
+    ]
+    code = main(argv)
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0
+    assert "All 12 hunks of patch set 0.5.11 apply to SGLang 0.5.12" in out
+    assert "unreviewed: sglang/srt/speculative/spec_registry.py:82" in out
+    (run_dir,) = runs.iterdir()
+    candidate = run_dir / f"candidate-{RELEASE}"
+    assert sorted(p.name for p in candidate.iterdir()) == sorted([*FITTING, "series.yaml"])
+    report = json.loads((run_dir / "port-report.json").read_text())
+    assert report["candidate"] == str(candidate) and report["exit_code"] == 0
+    assert report["summary"]["hunks_failed"] == 0 and report["summary"]["hunks_fuzzed"] == 3
+
+
+def test_port_cli_refuses_existing_port_out(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "taken").mkdir()
+    code = main(
+        [
+            "action=port",
+            f"sglang.version={RELEASE}",
+            f"port.out={tmp_path / 'taken'}",
+            f"rollout.runs_dir={tmp_path / 'runs'}",
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 5 and "already exists; nothing was written" in err and "\n" not in err
