@@ -18,8 +18,10 @@ from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import JsonLinesSink, emit, sink_installed
 from ddtree_deploy.patching.audit import AuditReport
+from ddtree_deploy.patching.port import PortReport, write_candidate
 from ddtree_deploy.report import console, render, run_report
 from ddtree_deploy.report.audit_report import write_audit_reports
+from ddtree_deploy.report.port_report import print_port, write_port_reports
 from ddtree_deploy.rollout import actions
 from ddtree_deploy.rollout.actions import ActionOutcome
 from ddtree_deploy.rollout.validation_flow import ValidationFailed
@@ -50,6 +52,7 @@ _HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
     "unpatch": actions.unpatch_action,
     "audit": actions.audit_action,
     "validate": actions.validate_action,
+    "port": actions.port_action,
 }
 
 
@@ -105,6 +108,8 @@ def _run(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
     _render(cfg, outcome)
     if outcome.audit is not None:
         _write_audit(run_dir, outcome.audit)
+    if outcome.port is not None:
+        _write_port(cfg, run_dir, outcome.port)
     if outcome.validation is not None:
         _write_report(run_dir, outcome.validation)
     emit("run.end", exit_code=outcome.exit_code)
@@ -151,6 +156,17 @@ def _write_audit(run_dir: Path, report: AuditReport) -> None:
     paths = write_audit_reports(report, run_dir)
     render.audit_summary(report)
     console.print_line(f"audit: {paths.json}, {paths.markdown}, {paths.junit}")
+
+
+def _write_port(cfg: DeployConfig, run_dir: Path, report: PortReport) -> None:
+    """The candidate (only when every hunk applied), then the reports naming where it is."""
+    candidate_dir = None
+    if report.candidate is not None:
+        dest = Path(cfg.port.out) if cfg.port.out else run_dir / f"candidate-{report.release}"
+        candidate_dir = write_candidate(report.candidate, dest)
+    paths = write_port_reports(report, run_dir, candidate_dir)
+    print_port(report, candidate_dir)
+    console.print_line(f"port report: {paths.markdown} and {paths.json.name}")
 
 
 def _write_report(run_dir: Path, record: ValidationRecord) -> None:

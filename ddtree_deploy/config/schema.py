@@ -249,6 +249,14 @@ class RollbackConfig:
     revert_patches: bool = False
 
 
+@dataclass
+class PortConfig:
+    """Where `action=port` reads reviewed sets from and writes its candidate set."""
+
+    out: str | None = None  # a folder that must not exist yet; default the run folder
+    sets: str | None = None  # a folder of reviewed sets; default the shipped patches/sglang
+
+
 ACTIONS = (
     "plan",
     "facts",
@@ -262,6 +270,7 @@ ACTIONS = (
     "unpatch",
     "audit",
     "validate",
+    "port",
 )
 
 
@@ -279,6 +288,7 @@ class DeployConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rollback: RollbackConfig = field(default_factory=RollbackConfig)
+    port: PortConfig = field(default_factory=PortConfig)
     action: str = "plan"
     output: Output = Output.table
 

@@ -10,6 +10,8 @@ Public API (re-exported here; each module's docstring has the contract):
   Recovery | None` (`engine`).
 - `audit(host, site_packages, patch_set, state=None) -> AuditReport` (`audit`); the report
   files are written by `ddtree_deploy.report.audit_report.write_audit_reports`.
+- `port_patch_set(release) -> PortReport`, `write_candidate(candidate, dest)` (`port`): the
+  nearest reviewed set ported to a release without one, as a candidate for review.
 
 Errors: `PatchSetError` (exit 5) and its `RecordMismatch`, `DiffRejected`, `HunkFailed`,
 `UnsupportedRelease`; `PatchError` (exit 6) and its `DriftedFile`, `PackageNotFound`,

@@ -110,8 +110,9 @@ def select_patch_set(version: str, root: Path | None = None) -> PatchSet:
     if not serving:
         supported = ", ".join(str(s.release) for s in sets) or "none"
         raise UnsupportedRelease(
-            f"SGLang {version} has no patch set (supported: {supported}); "
-            "pin a supported release in the host's sglang config."
+            f"SGLang {version} has no patch set (supported: {supported}); pin a supported "
+            f"release in the host's sglang config, or run `ddtree-deploy action=port "
+            f"sglang.version={version}` for a candidate set to review."
         )
     return serving[0]
 
@@ -158,6 +159,11 @@ def _build_patch(directory: Path, package: str, entry: dict[str, Any]) -> Patch:
 
 
 def _build_gate(entry: dict[str, Any]) -> GateReview:
+    if entry["disposition"] == "unreviewed":  # left by action=port for a person to decide
+        raise ValueError(
+            f"gate {entry['file']}:{entry['function']} is unreviewed; review it (covered, "
+            "widened or dflash-only) before this set can serve a release"
+        )
     disposition = Disposition(str(entry["disposition"]))
     patch = entry.get("patch")
     reason = entry.get("reason")

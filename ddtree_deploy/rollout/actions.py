@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import ConfigError, DeployError
@@ -22,6 +22,7 @@ from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsResult, KernelsStep
 from ddtree_deploy.patching.audit import AuditReport, audit
 from ddtree_deploy.patching.manifest import select_patch_set
+from ddtree_deploy.patching.port import PortRefused, PortReport, port_patch_set
 from ddtree_deploy.patching.step import PatchStep, locate_site_packages
 from ddtree_deploy.rollout.pipeline import preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
@@ -61,6 +62,7 @@ class ActionOutcome:
     kernels: KernelsResult | None = None  # action=build-kernels
     validation: ValidationRecord | None = None  # the gates' record (action=deploy)
     audit: AuditReport | None = None  # action=audit; the CLI writes its report files
+    port: PortReport | None = None  # action=port; the CLI writes the candidate and reports
 
 
 def _locked(cfg: DeployConfig, host: ShellHost) -> AbstractContextManager[object]:
@@ -226,6 +228,23 @@ def audit_action(cfg: DeployConfig) -> ActionOutcome:
         report = audit(host, site, patch_set, state, sudo=True)
     emit("audit", passed=report.passed)
     return ActionOutcome(exit_code=report.exit_code, audit=report)
+
+
+def port_action(cfg: DeployConfig) -> ActionOutcome:
+    """Port the nearest reviewed patch set to sglang.version (action=port); touches no host."""
+    if cfg.port.out and Path(cfg.port.out).exists():
+        raise PortRefused(
+            f"port.out={cfg.port.out} already exists; nothing was written: choose a new folder."
+        )
+    report = port_patch_set(cfg.sglang.version, root=Path(cfg.port.sets) if cfg.port.sets else None)
+    emit(
+        "port",
+        release=report.release,
+        source=report.source,
+        failed=len(report.failed),
+        unreviewed=len(report.unreviewed),
+    )
+    return ActionOutcome(exit_code=report.exit_code, port=report)
 
 
 def _patch_change(cfg: DeployConfig, *, reverting: bool) -> ActionOutcome:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from unidiff.patch import PatchSet as DiffSet
 
-from ddtree_deploy.patching.hunks import HunkMismatch, apply_hunks
+from ddtree_deploy.patching.hunks import HunkMismatch, apply_hunks, fit_hunks
 
 # (name, file text, diff of a/f.py -> b/f.py, offsets we expect or None for "refused")
 _CASES = [
@@ -56,16 +56,24 @@ def _diff(body: str) -> str:
     return "--- a/f.py\n+++ b/f.py\n" + body
 
 
-def _gnu(tmp_path: Path, text: str, diff: str, *, reverse: bool = False) -> str | None:
+def _gnu(
+    tmp_path: Path,
+    text: str,
+    diff: str,
+    *,
+    reverse: bool = False,
+    fuzz: int = 0,
+    partial: bool = False,
+) -> str | None:
     if shutil.which("patch") is None:
         pytest.skip("GNU patch is not installed")
     (tmp_path / "f.py").write_text(text)
     (tmp_path / "d.patch").write_text(diff)
-    argv = ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-r", "-", "-i", "d.patch"]
+    argv = ["patch", "-p1", f"--fuzz={fuzz}", "--no-backup-if-mismatch", "-r", "-", "-i", "d.patch"]
     done = subprocess.run(
         [*argv, *(["-R"] if reverse else [])], cwd=tmp_path, capture_output=True, check=False
     )
-    return (tmp_path / "f.py").read_text() if done.returncode == 0 else None
+    return (tmp_path / "f.py").read_text() if done.returncode == 0 or partial else None
 
 
 @pytest.mark.parametrize(("name", "text", "body", "offsets"), _CASES, ids=[c[0] for c in _CASES])
@@ -91,3 +99,35 @@ def test_hunks_reverse_undo_the_forward_result(tmp_path: Path) -> None:
     back, offsets = apply_hunks(forward, DiffSet(diff)[0], patch="p", reverse=True)
     assert back == text == _gnu(tmp_path, forward, diff, reverse=True)
     assert [h.offset for h in offsets] == [1]
+
+
+_FUZZY_TEXT = "a\nB-changed\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\n"
+# Hunk 1's first context line was "b" (now "B-changed"); hunk 2's removed line is gone.
+_FUZZY_DIFF = _diff(
+    "@@ -1,7 +1,7 @@\n a\n b\n c\n-d\n+D\n e\n f\n g\n@@ -9,3 +9,3 @@\n i\n-GONE\n+J\n k\n"
+)
+
+
+def test_port_fit_hunks_fuzz_matches_gnu_patch(tmp_path: Path) -> None:
+    """Fuzz 2 drops the outer context lines as GNU does; the file keeps its own text there."""
+    result, fits = fit_hunks(_FUZZY_TEXT, DiffSet(_FUZZY_DIFF)[0], patch="p", max_fuzz=2)
+    assert result == _gnu(tmp_path, _FUZZY_TEXT, _FUZZY_DIFF, fuzz=2, partial=True)
+    assert [(f.fuzz, f.mismatch) for f in fits] == [
+        (2, None),
+        (0, "removed line 'GONE' is not in the file"),
+    ]
+    assert "B-changed" in result and "D\n" in result and "J" not in result
+
+
+def test_port_fit_hunks_names_differing_line_without_fuzz() -> None:
+    _, fits = fit_hunks(_FUZZY_TEXT, DiffSet(_FUZZY_DIFF)[0], patch="p", max_fuzz=0)
+    assert fits[0].mismatch == "context line 'b' is not in the file"
+
+
+def test_port_fit_hunks_names_line_at_closest_match_when_lines_are_reordered() -> None:
+    text = "x\none\nthree\ntwo\ny\n"  # every line of the hunk exists, not in its order
+    diff = _diff("@@ -2,3 +2,3 @@\n one\n-two\n+TWO\n three\n")
+    _, fits = fit_hunks(text, DiffSet(diff)[0], patch="p", max_fuzz=0)
+    assert fits[0].mismatch == (
+        "removed line 'two' does not match line 3 ('three') at the closest match (1 of 3 lines)"
+    )

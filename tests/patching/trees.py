@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,27 +9,20 @@ from typing import Any
 import pytest
 import yaml
 
+from ddtree_deploy.errors import CommandFailed
 from ddtree_deploy.patching.manifest import PatchSet, load_patch_set, patch_sets_root
+from ddtree_deploy.patching.wheels import WHEEL_CACHE, fetch_wheel
 
-WHEEL_CACHE = Path.home() / ".cache" / "ddtree-deploy" / "wheels"
 CASES_DIR = Path(__file__).parent / "cases"
 REAL_RELEASES = ("0.5.11", "0.5.23")
 
 
 def wheel_path(release: str) -> Path:
     """The cached wheel of `sglang==release`, downloading it once; skip without a network."""
-    found = sorted(WHEEL_CACHE.glob(f"sglang-{release}-*.whl"))
-    if not found:
-        WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", WHEEL_CACHE,
-             f"sglang=={release}"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        found = sorted(WHEEL_CACHE.glob(f"sglang-{release}-*.whl"))
-        if not found:
-            pytest.skip(f"cannot download sglang=={release}: {done.stderr.strip()[-200:]}")
-    return found[-1]
+    try:
+        return fetch_wheel(release, cache=WHEEL_CACHE)
+    except CommandFailed as err:
+        pytest.skip(str(err))
 
 
 def rewrite(path: Path, data: bytes) -> None:
