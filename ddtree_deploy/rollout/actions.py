@@ -137,6 +137,11 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
 def validate_action(cfg: DeployConfig) -> ActionOutcome:
     """Run the gates against the service as it runs now (after a driver or model update, or
     on a host whose server this tool does not start); stores a baseline when it serves DFLASH."""
+    if cfg.host.staging:
+        raise ConfigError(
+            f"action=validate judges a running SGLang server, and {cfg.host.name} is a staging "
+            "host where none runs; point it at a host that serves (host.staging=false)."
+        )
     record = ValidationRecord(cfg.host.name, algo_summary(cfg))
     with connect(cfg.host) as host, _locked(cfg, host):
         preflight(cfg, host)

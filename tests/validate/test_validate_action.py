@@ -21,6 +21,8 @@ def _validate(tmp: Path, port: str, *extra: str) -> int:
     return main(
         [
             "host.systemd=false",
+            "host.staging=false",  # a server runs here (the stand-in), unlike on host=local
+            "service.tp_size=0",  # no GPU to split over: the stand-in decodes on the CPU
             f"host.state_dir={tmp / 'state'}",
             "validation.access=direct",
             f"service.port={port}",
@@ -101,3 +103,13 @@ def test_validate_fails_a_diverging_tree_with_the_first_divergence(
     assert (gate["gate"], gate["outcome"]) == ("tree", "failed")
     assert gate["divergence"]["position"] == 5
     assert "diverges at token 5" in capsys.readouterr().err
+
+
+def test_validate_refuses_a_staging_host_where_no_server_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["action=validate", f"rollout.runs_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: action=validate judges a running SGLang server, and local is a staging host "
+        "where none runs; point it at a host that serves (host.staging=false)."
+    )
