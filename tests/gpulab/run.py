@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,17 +113,14 @@ class Lab:
 
     # -- the product ---------------------------------------------------------------------------
 
+    def _argv(self, overrides: Sequence[str]) -> list[str]:
+        """`ddtree-deploy` on the lab host with the lab's options, then `overrides`."""
+        lab = ["host=h200_lab", "service=lab", "validation=lab", f"rollout.runs_dir={self.runs}"]
+        return [str(self.venv / "bin" / "ddtree-deploy"), *lab, *LONG_ANSWERS, *overrides]
+
     def tool(self, name: str, *overrides: str) -> StepRun:
         """Run `ddtree-deploy` on the lab host; never raises on a non-zero exit."""
-        argv = [
-            str(self.venv / "bin" / "ddtree-deploy"),
-            "host=h200_lab",
-            "service=lab",
-            "validation=lab",
-            f"rollout.runs_dir={self.runs}",
-            *LONG_ANSWERS,
-            *overrides,
-        ]
+        argv = self._argv(overrides)
         start = time.monotonic()
         proc = subprocess.run(argv, env=self.env, capture_output=True, text=True)
         wall = time.monotonic() - start
@@ -133,9 +131,7 @@ class Lab:
 
     def rendered(self, overrides: list[str]) -> dict[str, Any]:
         """The argv and environment the product renders for this config."""
-        argv = [str(self.venv / "bin" / "ddtree-deploy"), "host=h200_lab", "service=lab",
-                "validation=lab", f"rollout.runs_dir={self.runs}", *overrides,
-                "action=render", "output=json"]  # fmt: skip
+        argv = self._argv([*overrides, "action=render", "output=json"])
         out = subprocess.run(argv, env=self.env, capture_output=True, text=True, check=True)
         data: dict[str, Any] = json.loads(out.stdout)
         return data
