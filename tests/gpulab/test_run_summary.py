@@ -1,0 +1,51 @@
+"""The lab's table from the product's run reports, on reports recorded on the GPU (2026-12-01).
+
+`recorded/attention-tree-report.json`: tree mode passing on the pure-attention target (run 2);
+`recorded/attention-tree-diverged-report.json`: the tree gate failing at a divergence (run 1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpulab.run import render_table, summarize
+
+RECORDED = Path(__file__).with_name("recorded")
+
+
+def _report(name: str) -> dict[str, object]:
+    data: dict[str, object] = json.loads((RECORDED / name).read_text())
+    return data
+
+
+def test_summary_of_a_passing_tree_run() -> None:
+    got = summarize(_report("attention-tree-report.json"), 0)
+    assert got["gates"] == {
+        "health": "passed", "server_info": "passed", "health_generate": "passed", "tree": "passed",
+    }  # fmt: skip
+    assert got["divergence"] is None
+    assert (got["accept_length"], got["tokens_per_s"], got["tokens"]) == (1.6574, 451.52, 416)
+    assert got["step_ms"] == 3.826  # mean over prompts of accept length / tokens per second
+
+
+def test_table_names_the_diverging_cell() -> None:
+    run = summarize(_report("attention-tree-diverged-report.json"), 10)
+    assert run["gates"]["tree"] == "failed"  # type: ignore[index]
+    results = {
+        "release": "0.5.11",
+        "wall_s": 1.0,
+        "steps": [{"name": "patch", "exit_code": 0, "wall_s": 6.5}],
+        "cells": [
+            {"target": "attention", "algo": "ddtree", "start_s": 51.7, "start_error": None,
+             "runs": {"batch1": run}},
+            {"target": "hybrid", "algo": "dflash", "start_s": None, "start_error": "boom",
+             "runs": {}},
+        ],
+    }  # fmt: skip
+    table = render_table(results)
+    assert (
+        "| attention | ddtree | batch1 | 51.7 | health:p server_info:p health_generate:p tree:f | 10 | code-python@113 |"
+        in table
+    )
+    assert "| hybrid | dflash | - | failed | 'boom' |" in table
