@@ -14,7 +14,7 @@ from ddtree_deploy.patching.manifest import PatchSet, load_patch_set, patch_sets
 from ddtree_deploy.patching.wheels import WHEEL_CACHE, fetch_wheel
 
 CASES_DIR = Path(__file__).parent / "cases"
-REAL_RELEASES = ("0.5.11", "0.5.23")
+REAL_RELEASES = ("0.5.11", "0.5.12", "0.5.23")
 
 
 def wheel_path(release: str) -> Path:
