@@ -1,5 +1,8 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12.
 
+This is how the reviewed 0.5.12 set (patches/sglang/0.5.12/) began; since it shipped, these tests
+port from a sets root holding the shipped 0.5.11 set alone, so they keep exercising a real port.
+
 The whole 0.5.11 set does not port to 0.5.12: 0.5.12 dropped the server-args `choices=[...]`
 list and the `speculative_dflash_draft_window_size` field, and rewrote the DFlash acceptance in
 dflash_info.py / dflash_utils.py (GNU `patch --fuzz=2` fails the same five hunks). Patches 0001,
@@ -73,9 +76,16 @@ def fitting_port(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
     return port_patch_set(RELEASE, root=_fitting_root(tmp_path_factory.mktemp("fit")), wheel=wheel)
 
 
+def _shipped_0511_root(base: Path) -> Path:
+    """A sets root holding the shipped 0.5.11 set alone (0.5.12 has its own set now)."""
+    shutil.copytree(patch_sets_root() / "0.5.11", base / "sets" / "0.5.11")
+    return base / "sets"
+
+
 @pytest.fixture(scope="module")
-def whole_port() -> PortReport:
-    return port_patch_set(RELEASE, wheel=wheel_path(RELEASE))
+def whole_port(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_0511_root(tmp_path_factory.mktemp("whole"))
+    return port_patch_set(RELEASE, root=root, wheel=wheel_path(RELEASE))
 
 
 @pytest.fixture
@@ -234,12 +244,16 @@ def test_port_whole_set_fails_naming_hunks_and_lines(whole_port: PortReport) -> 
 def test_port_cli_failure_writes_reports_and_no_candidate(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code = main(["action=port", f"sglang.version={RELEASE}", f"rollout.runs_dir={tmp_path}"])
+    sets = _shipped_0511_root(tmp_path / "src")
+    runs = tmp_path / "runs"
+    code = main(
+        ["action=port", f"sglang.version={RELEASE}", f"port.sets={sets}", f"rollout.runs_dir={runs}"]
+    )
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     assert code == 5
     assert "5 of 25 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
     assert "newest reviewed set whose release is not newer than 0.5.12" in out
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = runs.iterdir()
     names = sorted(p.name for p in run_dir.iterdir())
     assert names == ["debug.log", "events.jsonl", "port-report.json", "port-report.md"]
     report = json.loads((run_dir / "port-report.json").read_text())
@@ -274,7 +288,7 @@ def test_patch_without_set_points_to_port(
     code = main(
         [
             "action=patch",
-            f"sglang.version={RELEASE}",
+            "sglang.version=0.5.13",
             f"host.sglang_venv={tmp_path / 'venv'}",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
@@ -282,15 +296,15 @@ def test_patch_without_set_points_to_port(
     )
     err = capsys.readouterr().err
     assert code == 5
-    assert f"run `ddtree-deploy action=port sglang.version={RELEASE}`" in err
+    assert "run `ddtree-deploy action=port sglang.version=0.5.13`" in err
     assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.parametrize(
     ("release", "chosen", "phrase"),
     [
-        ("0.5.12", "0.5.11", "newest reviewed set"),
-        ("0.5.22", "0.5.11", "newest reviewed set"),  # by the rule: 0.5.23 is above it
+        ("0.5.13", "0.5.12", "newest reviewed set"),
+        ("0.5.22", "0.5.12", "newest reviewed set"),  # by the rule: 0.5.23 is above it
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
     ],
