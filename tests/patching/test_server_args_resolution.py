@@ -1,0 +1,51 @@
+"""The server-args promise of each v1 (DFlashWorker) patch set, on the release's real parser.
+
+For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
+`sglang_args_probe.compare` resolves arguments with that release's own `prepare_server_args` in
+its staging venv (CPU): the patched modules import, DDTREE gets every setting DFLASH gets, the
+`--speculative-ddtree-*` flags are accepted, stored, defaulted and refused as documented, and
+DFLASH resolves exactly as it does on the pristine files. Without the staging venv the test
+skips (fails under DDTREE_REQUIRE_STAGING=1).
+
+0.5.23's server arguments have their own checks (verify_path/v0523), so it is not listed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+
+import pytest
+from patching.sglang_args_probe import compare, write_tiny_model_dirs
+from patching.trees import real_patch_set
+from staging import require_staging_venv
+
+from ddtree_deploy.hosts.local import LocalHost
+from ddtree_deploy.hosts.state import HostStateStore
+from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
+
+V1_RELEASES = ("0.5.11", "0.5.12")
+# compare's rows with a pristine tree given: 3 DFLASH, 4 DDTREE, hybrid flag, defaults,
+# shadow_linear, 6 refusals. Fewer would mean a check silently stopped running.
+ROWS = 16
+
+
+@pytest.mark.parametrize("release", V1_RELEASES)
+def test_patched_server_args_resolve_ddtree_like_dflash(
+    release: str,
+    make_tree: Callable[[str], Path],
+    pristine_root: Callable[[str], Path],
+    host: LocalHost,
+    state: HostStateStore,
+    tmp_path: Path,
+) -> None:
+    python = require_staging_venv(release) / "bin" / "python"
+    site = make_tree(release)
+    patch_set = real_patch_set(release)
+    apply_patch_set(host, PurePosixPath(site), patch_set, state)
+    assert plan_patch(host, PurePosixPath(site), patch_set).state is SetState.applied
+    model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
+    rows = compare(str(python), model_dir, draft_dir, str(site), str(pristine_root(release)))
+    failed = [(name, detail) for name, ok, detail in rows if not ok]
+    assert failed == []
+    assert len(rows) == ROWS
