@@ -247,7 +247,12 @@ def test_port_cli_failure_writes_reports_and_no_candidate(
     sets = _shipped_0511_root(tmp_path / "src")
     runs = tmp_path / "runs"
     code = main(
-        ["action=port", f"sglang.version={RELEASE}", f"port.sets={sets}", f"rollout.runs_dir={runs}"]
+        [
+            "action=port",
+            f"sglang.version={RELEASE}",
+            f"port.sets={sets}",
+            f"rollout.runs_dir={runs}",
+        ]
     )
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     assert code == 5

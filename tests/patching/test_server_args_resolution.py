@@ -16,13 +16,13 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
-from patching.sglang_args_probe import compare, write_tiny_model_dirs
-from patching.trees import real_patch_set
 from staging import require_staging_venv
 
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
+from patching.sglang_args_probe import compare, write_tiny_model_dirs
+from patching.trees import real_patch_set
 
 V1_RELEASES = ("0.5.11", "0.5.12")
 # compare's rows with a pristine tree given: 3 DFLASH, 4 DDTREE, hybrid flag, defaults,

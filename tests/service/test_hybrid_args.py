@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpulab.models import write_configs
 from patching.sglang_args_probe import resolve_server_args
 from staging import require_staging_venv

@@ -1,4 +1,4 @@
-"""Checks of the 0.5.11 DDTREE verify path, run inside the SGLang staging venv.
+"""Checks of the 0.5.11 / 0.5.12 DDTREE verify path, run inside the SGLang staging venv.
 
 Run as `python checks.py NAME` with the patched `sglang/` first on PYTHONPATH, `kernels/` (the
 ddtree_kernels reference ops) importable and TRITON_INTERPRET=1 (SGLang's Triton req_to_token
@@ -65,7 +65,8 @@ class FakeReq:
         self.max_new_tokens = max_new_tokens
         self.grammar = None
         self.spec_verify_ct = 0
-        self.spec_accepted_drafts = 0
+        self.spec_accepted_drafts = 0  # 0.5.11's counter
+        self.spec_num_correct_drafts = 0  # the same counter, renamed in 0.5.12
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
 

@@ -1,9 +1,13 @@
-"""The 0.5.11 DDTREE verify-path patches: whole series with GNU patch, gate audit, and the
-added functions called from the patched SGLang in the staging venv (see checks.py).
+"""The 0.5.11 and 0.5.12 DDTREE verify-path patches: whole series with GNU patch, gate audit, and
+the added functions called from the patched SGLang in the staging venv (see checks.py).
 
-The staging venv (real SGLang 0.5.11 + torch, CPU) lives at
-~/.local/share/ddtree-deploy/local/sglang-0.5.11; without it the SGLang-side tests skip, or fail
-when DDTREE_REQUIRE_STAGING=1.
+Both releases run the v1 DFlashWorker with the same dflash_info / dflash_utils structure (0.5.12
+renames accept_len -> correct_len, verified_id -> bonus_tokens, accepted_steps ->
+last_correct_step_indices), so every check runs against each release's own patched tree.
+
+The staging venvs (real SGLang + torch, CPU) live at
+~/.local/share/ddtree-deploy/local/sglang-<release>; without one the SGLang-side tests skip, or
+fail when DDTREE_REQUIRE_STAGING=1.
 """
 
 from __future__ import annotations
@@ -25,36 +29,43 @@ from ddtree_deploy.patching.audit import audit
 from ddtree_deploy.patching.engine import apply_patch_set
 from ddtree_deploy.patching.manifest import patch_sets_root
 
-RELEASE = "0.5.11"
+RELEASES = ("0.5.11", "0.5.12")
 REPO = Path(__file__).resolve().parents[4]
 CHECKS = Path(__file__).with_name("checks.py")
 
 
-def _gnu_patch_series(site: Path) -> None:
-    for patch in real_patch_set(RELEASE).patches:
+@pytest.fixture(scope="module", params=RELEASES)
+def release(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _gnu_patch_series(site: Path, release: str) -> None:
+    for patch in real_patch_set(release).patches:
         subprocess.run(
             ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-s", "-i",
-             str(patch_sets_root() / RELEASE / patch.name)],
+             str(patch_sets_root() / release / patch.name)],
             cwd=site, check=True, capture_output=True, text=True,
         )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def patched_site(
-    pristine_root: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+    release: str, pristine_root: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     """The pristine wheel's files with the whole series applied by `patch -p1 --fuzz=0`."""
-    site = tmp_path_factory.mktemp("patched-0511")
-    shutil.copytree(pristine_root(RELEASE) / "sglang", site / "sglang")
-    _gnu_patch_series(site)
+    site = tmp_path_factory.mktemp(f"patched-{release}")
+    shutil.copytree(pristine_root(release) / "sglang", site / "sglang")
+    _gnu_patch_series(site, release)
     return site
 
 
-def test_gnu_patch_applies_series_and_reaches_recorded_hashes(patched_site: Path) -> None:
+def test_gnu_patch_applies_series_and_reaches_recorded_hashes(
+    release: str, patched_site: Path
+) -> None:
     import hashlib
 
     final = {}
-    for patch in real_patch_set(RELEASE).patches:
+    for patch in real_patch_set(release).patches:
         for f in patch.files:
             final[str(f.path)] = f.sha256_after
     assert {"sglang/srt/speculative/dflash_worker.py", "sglang/srt/speculative/dflash_info.py",
@@ -65,10 +76,10 @@ def test_gnu_patch_applies_series_and_reaches_recorded_hashes(patched_site: Path
 
 
 def test_audit_of_patched_release_has_no_unreviewed_gate(
-    make_tree: Callable[[str], Path], host: LocalHost, state: HostStateStore
+    release: str, make_tree: Callable[[str], Path], host: LocalHost, state: HostStateStore
 ) -> None:
-    patch_set = real_patch_set(RELEASE)
-    site = PurePosixPath(make_tree(RELEASE))
+    patch_set = real_patch_set(release)
+    site = PurePosixPath(make_tree(release))
     apply_patch_set(host, site, patch_set, state)
     report = audit(host, site, patch_set, state)
     assert [f"{g.site.file}:{g.site.line}" for g in report.unreviewed] == []
@@ -76,8 +87,8 @@ def test_audit_of_patched_release_has_no_unreviewed_gate(
 
 
 @pytest.fixture(scope="module")
-def run_check(patched_site: Path) -> Callable[[str], dict]:
-    python = require_staging_venv(RELEASE) / "bin" / "python"
+def run_check(release: str, patched_site: Path) -> Callable[[str], dict]:
+    python = require_staging_venv(release) / "bin" / "python"
     results: dict[str, dict] = {}
 
     def run(name: str) -> dict:
