@@ -214,3 +214,13 @@ def test_select_refuses_unsupported_release_naming_supported() -> None:
     message = str(refused.value)
     assert "0.4.0" in message and "==0.5.11" in message
     assert refused.value.exit_code == 5
+
+
+def test_0512_set_serves_0512_and_its_post1_only() -> None:
+    # 0.5.12.post1's patch targets are byte-identical to 0.5.12's (RECORD); a later post release
+    # or any other release must not be served by a range nobody checked it against.
+    assert select_patch_set("0.5.12").name == "0.5.12"
+    assert select_patch_set("0.5.12.post1").name == "0.5.12"
+    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.13"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)

@@ -27,7 +27,6 @@ from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.audit import audit
 from ddtree_deploy.patching.engine import apply_patch_set
-from ddtree_deploy.patching.manifest import patch_sets_root
 
 RELEASES = ("0.5.11", "0.5.12")
 REPO = Path(__file__).resolve().parents[4]
@@ -43,7 +42,7 @@ def _gnu_patch_series(site: Path, release: str) -> None:
     for patch in real_patch_set(release).patches:
         subprocess.run(
             ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-s", "-i",
-             str(patch_sets_root() / release / patch.name)],
+             str(real_patch_set(release).directory / patch.name)],
             cwd=site, check=True, capture_output=True, text=True,
         )  # fmt: skip
 
