@@ -44,7 +44,8 @@ BATCHED = ("validation.concurrency=8", "validation.repeats=4")  # 16 requests, 8
 # Every prompt of the default set answers 160 new tokens (the matrix asks for at least 128).
 LONG_ANSWERS = tuple(f"validation.prompts.{i}.max_new_tokens=160" for i in range(4))
 OVERHEAD_CONCURRENCY = (1, 8, 32)
-OVERHEAD_REPEATS_C1 = 12  # about ten seconds of generation at batch 1: run 2 showed 1 s windows spread 20-30%
+# About ten seconds of generation at batch 1 (run 2's one-second windows spread 20-30%).
+OVERHEAD_REPEATS_C1 = 12
 START_TIMEOUT_S = 420
 
 
@@ -143,11 +144,29 @@ class Lab:
 
     # -- one server ----------------------------------------------------------------------------
 
+    @property
+    def pgid_file(self) -> Path:
+        return self.root / "server.pgid"
+
+    def stop_stale(self) -> None:
+        """Kill a server an earlier call left running (cut off by its time limit): it would hold
+        the port, and the next cell's gates would judge it instead of the new one."""
+        if self.pgid_file.exists():
+            pgid = int(self.pgid_file.read_text())
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    break
+                time.sleep(10)
+            self.pgid_file.unlink()
+
     def serve(
         self, label: str, overrides: list[str]
     ) -> tuple[subprocess.Popen[bytes] | None, float | None, str | None]:
         """Start the rendered server; (process, seconds to /health) or (None, None, why)."""
         spec = self.rendered(overrides)
+        self.stop_stale()
         log = (self.logs / f"server-{label}.log").open("wb")
         log.write((" ".join(spec["argv"]) + "\n").encode())
         log.flush()
@@ -156,6 +175,7 @@ class Lab:
             spec["argv"], env={**self.env, **spec["environment"]}, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+        self.pgid_file.write_text(f"{process.pid}\n")
         argv = spec["argv"]
         health = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/health"
         while time.monotonic() - start < START_TIMEOUT_S:
@@ -257,16 +277,21 @@ def main() -> int:
     parser.add_argument("--steps", default="plan,patch,audit,build-kernels")
     parser.add_argument("--quick", action="store_true", help="batch 1 only, no overhead table")
     parser.add_argument("--reuse", action="store_true", help="keep an installed --root")
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="every cell with service.deterministic_inference=true",
+    )
     args = parser.parse_args()
+    # `timeout` sends SIGTERM: unwind so the running cell stops its server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    base = ["service.deterministic_inference=true"] if args.deterministic else []
     args.out.mkdir(parents=True, exist_ok=True)
     lab = Lab(args.root, args.out)
     began = time.monotonic()
     print("> installing the bundle and the checkout", flush=True)
     lab.install(args.bundle, reuse=args.reuse)
-    steps = [
-        lab.tool(action, f"action={action}")
-        for action in args.steps.split(",")
-    ]
+    steps = [lab.tool(action, f"action={action}") for action in args.steps.split(",")]
     cells: list[Cell] = []
 
     def save() -> None:
@@ -291,18 +316,28 @@ def main() -> int:
                 more["c1"] = [f"validation.repeats={OVERHEAD_REPEATS_C1}"]
                 for c in OVERHEAD_CONCURRENCY[1:]:
                     more[f"c{c}"] = [f"validation.concurrency={c}", f"validation.repeats={c // 4}"]
-            cells.append(run_cell(lab, target, algo, [], more))
+            cells.append(run_cell(lab, target, algo, base, more))
             save()
         diverged = [
             c
             for c in cells[-3:]
             if c.algo != "dflash" and any(r.get("divergence") for r in c.runs.values())
         ]
-        if diverged:  # settle: the same pair in deterministic mode
-            cells.append(run_cell(lab, target, "dflash", ["service.deterministic_inference=true"], {"batch1": []}))
+        if diverged and not args.deterministic:  # settle: the same pair in deterministic mode
+            cells.append(
+                run_cell(
+                    lab, target, "dflash", ["service.deterministic_inference=true"], {"batch1": []}
+                )
+            )
             for cell in diverged:
                 cells.append(
-                    run_cell(lab, target, cell.algo, ["service.deterministic_inference=true"], {"batch1": []})
+                    run_cell(
+                        lab,
+                        target,
+                        cell.algo,
+                        ["service.deterministic_inference=true"],
+                        {"batch1": []},
+                    )
                 )
             save()
     save()
