@@ -129,14 +129,20 @@ def _algo_problems(cfg: DeployConfig) -> list[str]:
             f"algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget={max_budget} "
             f"(got topk={algo.topk}, budget={algo.budget}); use algo=ddtree_shadow."
         ]
-    if algo.mode is TreeMode.tree and model.hybrid and not algo.allow_hybrid_unsafe:
+    if algo.mode is TreeMode.tree and model.hybrid and not hybrid_tree_allowed(cfg):
         return [
             f"algo.mode=tree on the hybrid target {model.name} needs "
-            "algo.allow_hybrid_unsafe=true (on a GPU, tree mode matched DFLASH's tokens on a "
-            "hybrid target but verified no sibling branch, so its recurrent layers' tree path is "
-            "not yet proven); use algo=ddtree_shadow for the safe chain mode."
+            f"algo.allow_hybrid_unsafe=true on SGLang {cfg.sglang.version}: the GPU lab has not "
+            "proven this release's tree path through recurrent layers (it has for 0.5.11: "
+            "DFLASH's tokens exactly, with sibling branches accepted); use algo=ddtree_shadow "
+            "for the safe chain mode."
         ]
     return []
+
+
+def hybrid_tree_allowed(cfg: DeployConfig) -> bool:
+    """Tree mode may run on a hybrid target: the release is proven, or the operator opted in."""
+    return cfg.algo.allow_hybrid_unsafe or cfg.sglang.hybrid_tree_proven
 
 
 # Tree mode needs an attention backend that reads a custom mask; every patch set refuses the

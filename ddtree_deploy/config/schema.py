@@ -95,6 +95,10 @@ class SglangConfig:
     # Server arguments this release needs to start speculative decoding on a hybrid
     # (attention + recurrent) target; the renderer adds them for hybrid models.
     hybrid_speculative_args: list[str] = field(default_factory=list)
+    # True once the GPU lab served this release's set in tree mode on a hybrid target with
+    # DFLASH's tokens exactly and sibling branches accepted (tests/gpulab/RESULTS.md); tree mode
+    # on hybrid targets then needs no algo.allow_hybrid_unsafe.
+    hybrid_tree_proven: bool = False
 
 
 @dataclass

@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 
 import jinja2
 
+from ddtree_deploy.config.rules import hybrid_tree_allowed
 from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
 from ddtree_deploy.service.quoting import env_assignment, exec_line, exec_variable, exec_word
 from ddtree_deploy.service.secret import MASK, Secret
@@ -131,7 +132,9 @@ def speculative_args(cfg: DeployConfig) -> list[str]:
             "--speculative-ddtree-mode",
             algo.mode.value,
         ]
-        if algo.allow_hybrid_unsafe:
+        # The patched server keeps its own hybrid gate; a proven release opens it for the operator.
+        hybrid_tree = cfg.model.hybrid and algo.mode is TreeMode.tree
+        if algo.allow_hybrid_unsafe or (hybrid_tree and hybrid_tree_allowed(cfg)):
             args.append("--speculative-ddtree-allow-hybrid-unsafe")
     if cfg.model.hybrid:
         args += cfg.sglang.hybrid_speculative_args

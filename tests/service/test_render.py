@@ -42,6 +42,18 @@ def test_ddtree_arguments_follow_the_algo() -> None:
     assert not any(a.startswith("--speculative-ddtree") for a in linear)
 
 
+def test_proven_release_opens_the_servers_hybrid_gate_without_the_opt_in() -> None:
+    """0.5.11 is proven on a hybrid target (the GPU lab): the product's own command composes,
+    and the patched server's hybrid gate is opened for it; an unproven release needs the opt-in."""
+    argv = list(render_service(compose_config(["host=ct200", "algo=ddtree"]), None).argv)
+    assert "--speculative-ddtree-allow-hybrid-unsafe" in argv
+    shadow = render_service(compose_config(["host=ct200", "algo=ddtree_shadow"]), None).argv
+    assert "--speculative-ddtree-allow-hybrid-unsafe" not in shadow
+    unproven = ["host=ct200", "sglang=v0_5_23", "algo=ddtree"]
+    argv = list(render_service(compose_config([*unproven, HYBRID_OK]), None).argv)
+    assert "--speculative-ddtree-allow-hybrid-unsafe" in argv
+
+
 def test_unit_keeps_gpu_devices_reachable() -> None:
     text = render_service(compose_config(["host=ct129", "algo=dflash"]), None).unit_text
     directives = {line.split("=", 1)[0] for line in text.splitlines() if "=" in line}
