@@ -21,7 +21,14 @@ from ddtree_deploy.report.audit_report import write_audit_reports
 from patching.trees import CASES_DIR, REAL_RELEASES, real_patch_set, rewrite
 
 # Gate lines of the unpatched trees (shared/research/sglang-releases.md, section 4.5).
-PRISTINE_GATE_LINES = {"0.5.11": 21, "0.5.12": 21, "0.5.12.post1": 21, "0.5.23": 82}
+PRISTINE_GATE_LINES = {
+    "0.5.11": 21,
+    "0.5.12": 21,
+    "0.5.12.post1": 21,
+    "0.5.13": 21,
+    "0.5.13.post1": 21,
+    "0.5.23": 82,
+}
 TINY = CASES_DIR / "eof-and-anchors"
 
 

@@ -24,7 +24,7 @@ from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
 from patching.sglang_args_probe import compare, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
-V1_RELEASES = ("0.5.11", "0.5.12")
+V1_RELEASES = ("0.5.11", "0.5.12", "0.5.13")
 # compare's rows with a pristine tree given: 3 DFLASH, 4 DDTREE, hybrid flag, defaults,
 # shadow_linear, 6 refusals. Fewer would mean a check silently stopped running.
 ROWS = 16
