@@ -1,6 +1,6 @@
 """A hybrid target's rendered command starts speculative decoding on the real SGLang parser.
 
-SGLang 0.5.11 and 0.5.12 refuse any speculative algorithm on a hybrid (attention + GDN) target while the
+SGLang 0.5.11, 0.5.12 and 0.5.13 refuse any speculative algorithm on a hybrid (attention + GDN) target while the
 radix cache is on; the units rendered for the CT hosts once carried nothing about it, so their
 linear-DFlash baseline could never start. These tests resolve the rendered argv with the
 release's own `prepare_server_args` (staging venv, CPU).
@@ -27,7 +27,7 @@ def _rendered_args(tmp_path: Path, *overrides: str) -> list[str]:
     return [*server_argv(cfg, api_key=False)[3:], "--tp-size", "1", "--device", "cpu"]
 
 
-@pytest.mark.parametrize("release", ["0.5.11", "0.5.12"])  # both keep the refusal
+@pytest.mark.parametrize("release", ["0.5.11", "0.5.12", "0.5.13"])  # all keep the refusal
 def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
     python = str(require_staging_venv(release) / "bin" / "python")
     argv = _rendered_args(tmp_path, "algo=dflash", f"sglang=v{release.replace('.', '_')}")

@@ -1,7 +1,7 @@
-"""The 0.5.11 and 0.5.12 DDTREE verify-path patches: whole series with GNU patch, gate audit, and
-the added functions called from the patched SGLang in the staging venv (see checks.py).
+"""The 0.5.11, 0.5.12 and 0.5.13 DDTREE verify-path patches: whole series with GNU patch, gate
+audit, and the added functions called from the patched SGLang in the staging venv (see checks.py).
 
-Both releases run the v1 DFlashWorker with the same dflash_info / dflash_utils structure (0.5.12
+All three run the v1 DFlashWorker with the same dflash_info / dflash_utils structure (0.5.12
 renames accept_len -> correct_len, verified_id -> bonus_tokens, accepted_steps ->
 last_correct_step_indices), so every check runs against each release's own patched tree.
 
@@ -28,7 +28,7 @@ from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.audit import audit
 from ddtree_deploy.patching.engine import apply_patch_set
 
-RELEASES = ("0.5.11", "0.5.12")
+RELEASES = ("0.5.11", "0.5.12", "0.5.13")
 REPO = Path(__file__).resolve().parents[4]
 CHECKS = Path(__file__).with_name("checks.py")
 
