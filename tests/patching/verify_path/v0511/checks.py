@@ -1,4 +1,4 @@
-"""Checks of the 0.5.11 / 0.5.12 DDTREE verify path, run inside the SGLang staging venv.
+"""Checks of the 0.5.11 / 0.5.12 / 0.5.13 DDTREE verify path, run inside the SGLang staging venv.
 
 Run as `python checks.py NAME` with the patched `sglang/` first on PYTHONPATH, `kernels/` (the
 ddtree_kernels reference ops) importable and TRITON_INTERPRET=1 (SGLang's Triton req_to_token
@@ -72,6 +72,8 @@ class FakeReq:
 
     def check_finished(self) -> None:
         pass
+
+    update_finish_state = check_finished  # the same call, renamed in 0.5.13
 
     def finished(self) -> bool:
         return len(self.output_ids) >= self.max_new_tokens
@@ -767,7 +769,13 @@ def hybrid_tree_links():
             speculative_ddtree_mode=mode,
             speculative_eagle_topk=eagle_topk,
         )
-        runner = SimpleNamespace(device="cpu", server_args=args, req_to_token_pool=FakeMambaPool())
+        runner = SimpleNamespace(
+            device="cpu",
+            server_args=args,
+            req_to_token_pool=FakeMambaPool(),
+            is_draft_worker=False,  # read by 0.5.13's backend
+            token_to_kv_pool=None,  # read by 0.5.13's backend; the verify metadata never uses it
+        )
         return hybrid.MambaAttnBackendBase(runner)
 
     width, prefixes, bs = 6, [4, 0, 7], 3
