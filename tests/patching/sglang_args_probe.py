@@ -2,9 +2,10 @@
 
 This is a helper module, not a test. It drives the *real* (pristine or patched) SGLang
 argument parser and resolution code (`sglang.srt.server_args.prepare_server_args`) in a
-child Python interpreter, so one process never resolves two configurations (0.5.23 keeps
-runtime-context globals) and the interpreter can be any venv that has SGLang's CPU import
-dependencies (see shared/docs/TESTING.md).
+child Python interpreter, each argv in its own fork of it, so no process resolves two
+configurations (0.5.23 keeps runtime-context globals) while the import is paid once; the
+interpreter can be any venv that has SGLang's CPU import dependencies (see
+shared/docs/TESTING.md).
 
 Pieces:
 
@@ -27,11 +28,15 @@ rows and exits non-zero if any check failed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,45 +53,132 @@ DDTREE_FIELDS = (
     "speculative_ddtree_allow_hybrid_unsafe",
 )
 
-# Runs inside the child interpreter: resolve argv, print one JSON line.
+# Runs inside the child interpreter: import SGLang's parser once, then answer one argv per
+# stdin line. Each argv is resolved in a fork of that interpreter, so no resolution sees
+# another's state (0.5.23 keeps runtime-context globals) and the import (torch, transformers:
+# most of the cost) is paid once per interpreter instead of once per resolution.
 _CHILD = r"""
-import json, sys, logging
+import json, os, sys, logging, io
 logging.disable(logging.CRITICAL)
-argv = json.loads(sys.argv[1])
 def plain(v):
     try:
         json.dumps(v)
         return v
     except TypeError:
         return repr(v)
-import io
 from sglang.srt.server_args import prepare_server_args
-real_stderr, sys.stderr = sys.stderr, io.StringIO()
-try:
-    sa = prepare_server_args(argv)
-except BaseException as e:  # argparse reports on stderr and exits with SystemExit
-    said, sys.stderr = sys.stderr.getvalue().strip(), real_stderr
-    msg = f"{type(e).__name__}: {e}"
-    if isinstance(e, SystemExit) and said:
-        msg += f" ({said.splitlines()[-1]})"
-    print("@@RESULT@@" + json.dumps({"ok": False, "error": msg}))
-    sys.exit(0)
-sys.stderr = real_stderr
-try:
-    if hasattr(sa, "resolve_once"):  # 0.5.19+: resolution is a separate pass
-        sa.resolve_once()
-        values = sa.resolved_dict()
-    else:  # dataclass ServerArgs resolves in __post_init__
-        import dataclasses
-        values = {f.name: getattr(sa, f.name) for f in dataclasses.fields(sa)}
-except BaseException as e:
-    print("@@RESULT@@" + json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}))
-    sys.exit(0)
-fields = {n: plain(v) for n, v in values.items() if not n.startswith("_")}
 import sglang
-fields["__sglang_file__"] = sglang.__file__
-print("@@RESULT@@" + json.dumps({"ok": True, "fields": fields}))
+def resolve(argv):
+    real_stderr, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        sa = prepare_server_args(argv)
+    except BaseException as e:  # argparse reports on stderr and exits with SystemExit
+        said, sys.stderr = sys.stderr.getvalue().strip(), real_stderr
+        msg = f"{type(e).__name__}: {e}"
+        if isinstance(e, SystemExit) and said:
+            msg += f" ({said.splitlines()[-1]})"
+        return {"ok": False, "error": msg}
+    sys.stderr = real_stderr
+    try:
+        if hasattr(sa, "resolve_once"):  # 0.5.19+: resolution is a separate pass
+            sa.resolve_once()
+            values = sa.resolved_dict()
+        else:  # dataclass ServerArgs resolves in __post_init__
+            import dataclasses
+            values = {f.name: getattr(sa, f.name) for f in dataclasses.fields(sa)}
+    except BaseException as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    fields = {n: plain(v) for n, v in values.items() if not n.startswith("_")}
+    fields["__sglang_file__"] = sglang.__file__
+    return {"ok": True, "fields": fields}
+print("@@READY@@", flush=True)
+for line in sys.stdin:
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            result = resolve(json.loads(line))
+        except BaseException as e:
+            result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        sys.stdout.write("@@RESULT@@" + json.dumps(result) + "\n")
+        sys.stdout.flush()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if status:
+        print("@@RESULT@@" + json.dumps({"ok": False, "error": f"resolver exited {status}"}))
+    print("@@DONE@@", flush=True)
 """
+
+
+class _Resolver:
+    """One child interpreter with SGLang's parser imported, for one (python, sglang_root)."""
+
+    def __init__(self, python: str, sglang_root: str | None) -> None:
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        if sglang_root:
+            env["PYTHONPATH"] = str(sglang_root)
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        # stderr to a file: a pipe nobody reads would block the child once it fills
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the child)
+        self.proc = subprocess.Popen(
+            [python, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.stderr, text=True, env=env, cwd=tempfile.gettempdir(),
+        )  # fmt: skip
+        # A thread reads stdout into a queue, so a timeout never waits on a half-read buffer.
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")  # end of output: the child died
+
+    def ask(self, argv: Sequence[str], timeout: float) -> Resolution:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(list(argv)) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return self._dead()
+        deadline = time.monotonic() + timeout
+        result: Resolution | None = None
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.close()
+                return Resolution(False, {}, f"no answer within {timeout} s")
+            if not line:
+                return self._dead()
+            if line.startswith("@@RESULT@@"):
+                data = json.loads(line[len("@@RESULT@@") :])
+                result = Resolution(data["ok"], data.get("fields", {}), data.get("error", ""))
+            elif line.startswith("@@DONE@@") and result is not None:
+                return result
+
+    def _dead(self) -> Resolution:
+        self.close()
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-2000:]
+        return Resolution(
+            False, {}, f"child exited {self.proc.returncode} without a result: {tail}"
+        )
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_RESOLVERS: dict[tuple[str, str | None], _Resolver] = {}
+
+
+@atexit.register
+def _close_resolvers() -> None:
+    for resolver in _RESOLVERS.values():
+        resolver.close()
 
 
 @dataclass
@@ -108,26 +200,13 @@ def write_tiny_model_dirs(root: Path, block_size: int = 16) -> tuple[Path, Path]
 def resolve_server_args(
     python: str, argv: Sequence[str], sglang_root: str | None = None, timeout: int = 300
 ) -> Resolution:
-    """Resolve `argv` with `prepare_server_args` in a child interpreter."""
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if sglang_root:
-        env["PYTHONPATH"] = str(sglang_root)
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
-    proc = subprocess.run(
-        [python, "-c", _CHILD, json.dumps(list(argv))],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=tempfile.gettempdir(),
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("@@RESULT@@"):
-            data = json.loads(line[len("@@RESULT@@") :])
-            return Resolution(data["ok"], data.get("fields", {}), data.get("error", ""))
-    tail = (proc.stderr or proc.stdout)[-2000:]
-    return Resolution(False, {}, f"child exited {proc.returncode} without a result: {tail}")
+    """Resolve `argv` with `prepare_server_args` in a fork of a child interpreter that has
+    imported it (one child per interpreter and `sglang_root`, started on first use)."""
+    key = (python, sglang_root)
+    resolver = _RESOLVERS.get(key)
+    if resolver is None or resolver.proc.poll() is not None:
+        resolver = _RESOLVERS[key] = _Resolver(python, sglang_root)
+    return resolver.ask(argv, timeout)
 
 
 def base_argv(model_dir: Path, draft_dir: Path, device: str = "cpu") -> list[str]:
