@@ -1,8 +1,9 @@
 """Checks of the 0.5.11 / 0.5.12 / 0.5.13 DDTREE verify path, run inside the SGLang staging venv.
 
-Run as `python checks.py NAME` with the patched `sglang/` first on PYTHONPATH, `kernels/` (the
-ddtree_kernels reference ops) importable and TRITON_INTERPRET=1 (SGLang's Triton req_to_token
-kernel then runs on CPU tensors). Prints one JSON object; the pytest side asserts on it.
+Run as `python checks.py NAME... | all` with the patched `sglang/` first on PYTHONPATH, `kernels/`
+(the ddtree_kernels reference ops) importable and TRITON_INTERPRET=1 (SGLang's Triton
+req_to_token kernel then runs on CPU tensors). Each check runs in its own fork (the imports are
+paid once) and prints one JSON line; the pytest side asserts on it.
 
 What is real: every DDTREE function the patches add, DFlashVerifyInput (prepare_for_verify,
 verify), SGLang's ForwardMode, vocab shard indices, Triton req_to_token writer and native KV
@@ -836,12 +837,37 @@ def hybrid_tree_links():
         ._forward_metadata(verify)
         .retrieve_next_token
         is None,
-        "parents_found": torch.equal(parent_found[:, 1:][real[:, 1:]], vi.parents[:, 1:][real[:, 1:]])
+        "parents_found": torch.equal(
+            parent_found[:, 1:][real[:, 1:]], vi.parents[:, 1:][real[:, 1:]]
+        )
         and int(real.sum()) == bs * 5,
         "conv_follows_tree": torch.allclose(conv[..., :5], want[..., :5], atol=1e-5),
         "tree_differs_from_chain": not torch.allclose(want[..., :5], chain[..., :5], atol=1e-5),
     }
 
 
+def run_forked(names: list[str]) -> None:
+    """Each check in its own fork of this interpreter (SGLang and torch imported once): one
+    `@@RESULT@@ {"name": ..., "result" | "error": ...}` line per check, even for one that dies."""
+    import os
+    import traceback
+
+    for name in names:
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                line = {"name": name, "result": CHECKS[name]()}
+            except BaseException:
+                line = {"name": name, "error": traceback.format_exc()[-3000:]}
+            sys.stdout.write("@@RESULT@@" + json.dumps(line) + "\n")
+            sys.stdout.flush()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if status:
+            died = {"name": name, "error": f"the check's process exited with status {status}"}
+            print("@@RESULT@@" + json.dumps(died), flush=True)
+
+
 if __name__ == "__main__":
-    print("@@RESULT@@" + json.dumps(CHECKS[sys.argv[1]]()))
+    run_forked(sorted(CHECKS) if sys.argv[1:] == ["all"] else sys.argv[1:])

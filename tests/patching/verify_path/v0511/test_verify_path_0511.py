@@ -87,11 +87,12 @@ def test_audit_of_patched_release_has_no_unreviewed_gate(
 
 @pytest.fixture(scope="module")
 def run_check(release: str, patched_site: Path) -> Callable[[str], dict]:
+    """Every check of checks.py, run once per release in one interpreter (a fork each)."""
     python = require_staging_venv(release) / "bin" / "python"
     results: dict[str, dict] = {}
 
     def run(name: str) -> dict:
-        if name not in results:
+        if not results:
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             env.update(
                 PYTHONPATH=f"{patched_site}{os.pathsep}{REPO / 'kernels'}",
@@ -99,13 +100,17 @@ def run_check(release: str, patched_site: Path) -> Callable[[str], dict]:
                 CUDA_VISIBLE_DEVICES="",
             )
             proc = subprocess.run(
-                [str(python), str(CHECKS), name], capture_output=True, text=True, env=env,
-                cwd=patched_site, timeout=600,
+                [str(python), str(CHECKS), "all"], capture_output=True, text=True, env=env,
+                cwd=patched_site, timeout=1200,
             )  # fmt: skip
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@RESULT@@")]
-            assert lines, f"{name} failed:\n{proc.stderr[-3000:]}"
-            results[name] = json.loads(lines[-1][len("@@RESULT@@") :])
-        return results[name]
+            for line in proc.stdout.splitlines():
+                if line.startswith("@@RESULT@@"):
+                    data = json.loads(line[len("@@RESULT@@") :])
+                    results[data["name"]] = data
+            assert results, f"checks.py did not start:\n{proc.stderr[-3000:]}"
+        assert name in results, f"{name} reported nothing"
+        assert "error" not in results[name], f"{name} failed:\n{results[name]['error']}"
+        return dict(results[name]["result"])
 
     return run
 
