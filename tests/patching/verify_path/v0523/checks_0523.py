@@ -733,12 +733,32 @@ def hybrid_refusal():
     return out
 
 
-if __name__ == "__main__":
-    name = sys.argv[1]
+def _result(name: str) -> dict:
     try:
-        result = {"ok": True, **CHECKS[name]()}
+        return {"ok": True, **CHECKS[name]()}
     except Exception as e:  # the test prints this
         import traceback
 
-        result = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-    print("@@JSON@@" + json.dumps(result))
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+
+
+def run_forked(names: list[str]) -> None:
+    """Each check in its own fork of this interpreter (SGLang and torch imported once): one
+    `@@JSON@@ {"name": ..., ...}` line per check, even for one whose process dies."""
+    import os
+
+    for name in names:
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            sys.stdout.write("@@JSON@@" + json.dumps({"name": name, **_result(name)}) + "\n")
+            sys.stdout.flush()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if status:
+            died = {"name": name, "ok": False, "error": f"the check's process exited {status}"}
+            print("@@JSON@@" + json.dumps(died), flush=True)
+
+
+if __name__ == "__main__":
+    run_forked(sorted(CHECKS) if sys.argv[1:] == ["all"] else sys.argv[1:])
