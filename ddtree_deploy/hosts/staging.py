@@ -135,7 +135,7 @@ def _prepare_shared(
     except DeployError:
         host.run(["rm", "-rf", "--", str(building)], check=False)
         raise
-    _swap(host, building, layer, [base_python, "-m", "venv", "--upgrade"])
+    _swap(host, building, layer, [base_python, "-m", "venv", "--upgrade", "--without-pip"])
     return True
 
 
@@ -178,8 +178,10 @@ def _pip(venv: PurePosixPath) -> list[str]:
 def _swap(
     host: ShellHost, building: PurePosixPath, final: PurePosixPath, upgrade: list[str]
 ) -> None:
-    """Replace `final` whole with the finished `building`; `venv --upgrade` then rewrites the
-    paths the venv recorded at build time (pyvenv.cfg, activate scripts) for its final place."""
+    """Replace `final` whole with the finished `building`; `venv --upgrade --without-pip` then
+    rewrites the paths the venv recorded at build time (pyvenv.cfg, activate scripts) for its
+    final place, and leaves the installed pip and setuptools as they are (with pip, it would run
+    ensurepip, and into a release venv put a bundled setuptools that shadows the layer's)."""
     host.run(["rm", "-rf", "--", str(final)])
     host.run(["mv", "--", str(building), str(final)])
     host.run([*upgrade, str(final)])
