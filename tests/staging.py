@@ -3,11 +3,17 @@
 `scripts/test` builds them with `ddtree-deploy action=prepare sglang=v0_5_XX` (the product's own
 code); this module finds them through the same config, so tests and product agree on the path.
 Without one, tests skip with the reason, or fail when `DDTREE_REQUIRE_STAGING=1` (CI sets it).
+
+A release's venv holds sglang and the release's pins; torch and the rest come from the shared
+layer beside it, through a `.pth` file (ddtree_deploy/hosts/staging.py). A throwaway venv that
+borrows the staging packages lists `staging_site_dirs(venv)` in its own `.pth`: a `.pth` line
+adds a folder to `sys.path` but does not read the `.pth` files inside it.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,3 +39,12 @@ def require_staging_venv(release: str) -> Path:
             pytest.fail(f"DDTREE_REQUIRE_STAGING=1 but {reason}", pytrace=False)
         pytest.skip(reason)
     return venv
+
+
+def staging_site_dirs(venv: Path) -> list[Path]:
+    """The site-packages folders `venv`'s Python reads, in order: its own, then the shared layer's."""
+    code = "import sys; print('\\n'.join(p for p in sys.path if p.endswith('site-packages')))"
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    return [Path(line) for line in out.splitlines()]

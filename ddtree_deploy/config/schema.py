@@ -90,8 +90,12 @@ class SglangConfig:
     """The SGLang release pinned for a host, and what its CPU staging venv needs."""
 
     version: str = MISSING
-    # Installed beside `sglang==version` (--no-deps) when `action=prepare` builds a staging venv.
+    # `action=prepare` on a staging host: `staging_shared_requirements` (conf/staging/shared.yaml,
+    # one list for every release) go into a shared layer built once per distinct list; the
+    # release's venv holds `sglang==version` (--no-deps) and `staging_requirements`, the release's
+    # own pins, which shadow a shared copy of the same package.
     staging_requirements: list[str] = field(default_factory=list)
+    staging_shared_requirements: list[str] = field(default_factory=list)
     # Server arguments this release needs to start speculative decoding on a hybrid
     # (attention + recurrent) target; the renderer adds them for hybrid models.
     hybrid_speculative_args: list[str] = field(default_factory=list)

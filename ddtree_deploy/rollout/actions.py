@@ -183,7 +183,7 @@ def _service_step_plans(cfg: DeployConfig, host: ShellHost) -> list[PlannedStep]
 
 
 def prepare_action(cfg: DeployConfig) -> ActionOutcome:
-    """Build the staging host's SGLang venv (staging hosts only)."""
+    """Build the staging host's SGLang venv on the shared layer (staging hosts only)."""
     if not cfg.host.staging:
         raise ConfigError(
             f"action=prepare builds the SGLang venv of a staging host, and {cfg.host.name} is "
@@ -196,6 +196,7 @@ def prepare_action(cfg: DeployConfig) -> ActionOutcome:
             base_python=f"python{cfg.abi.python}",
             sglang_version=cfg.sglang.version,
             requirements=cfg.sglang.staging_requirements,
+            shared_requirements=cfg.sglang.staging_shared_requirements,
         )
     return ActionOutcome(staging=result)
 

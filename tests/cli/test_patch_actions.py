@@ -1,7 +1,7 @@
 """action=patch / audit / unpatch through the CLI on a real SGLang 0.5.11 install on this machine.
 
 The venv under test holds its own `sglang==0.5.11` from PyPI and sees torch through a `.pth` into
-the staging venv, so the shared staging venv is never patched.
+the staging venv and its shared layer, so the shared staging venv is never patched.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from staging import require_staging_venv
+from staging import require_staging_venv, staging_site_dirs
 
 from ddtree_deploy.cli import main
 from ddtree_deploy.patching.manifest import select_patch_set
@@ -25,8 +25,7 @@ def sglang_venv(tmp_path: Path) -> Path:
     venv = tmp_path / "venv"
     subprocess.run([staging / "bin" / "python", "-m", "venv", venv], check=True)
     (site,) = venv.glob("lib/python*/site-packages")
-    (staging_site,) = staging.glob("lib/python*/site-packages")
-    (site / "staging.pth").write_text(f"{staging_site}\n")
+    (site / "staging.pth").write_text("".join(f"{d}\n" for d in staging_site_dirs(staging)))
     subprocess.run(
         [
             venv / "bin" / "python",

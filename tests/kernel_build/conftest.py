@@ -1,8 +1,8 @@
 """Real parts for the kernels builder: the staging SGLang venv's torch, a throwaway venv, sources.
 
 The staging venv (`ddtree-deploy host=local action=prepare`) is shared and never modified here:
-each test gets its own venv whose `.pth` file makes the staging venv's site-packages (torch, pip,
-setuptools) visible, and installs ddtree-kernels into that throwaway venv only.
+each test gets its own venv whose `.pth` file makes the staging venv's site-packages and its shared
+layer's (torch, pip, setuptools) visible, and installs ddtree-kernels into that throwaway venv only.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
-from staging import require_staging_venv, staging_venv
+from staging import require_staging_venv, staging_site_dirs, staging_venv
 
 from ddtree_deploy.kernel_build.key import source_files
 from ddtree_deploy.kernel_build.step import KernelsStep, default_source_dir
@@ -21,28 +21,28 @@ STAGING_VENV = staging_venv("0.5.11")
 
 
 @pytest.fixture(scope="session")
-def staging_site_packages() -> Path:
-    """site-packages of the staging venv, which must import torch (else the test skips)."""
-    python = require_staging_venv("0.5.11") / "bin" / "python"
+def staging_site_packages() -> list[Path]:
+    """site-packages of the staging venv and its shared layer; torch must import (else skip)."""
+    venv = require_staging_venv("0.5.11")
     probe = subprocess.run(
-        [str(python), "-c", "import torch, sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [str(venv / "bin" / "python"), "-c", "import torch"],
         capture_output=True,
         text=True,
         check=False,
     )
     if probe.returncode != 0:
         pytest.skip(f"torch does not import in {STAGING_VENV}: {probe.stderr.strip()[-200:]}")
-    return Path(probe.stdout.strip())
+    return staging_site_dirs(venv)
 
 
 @pytest.fixture
-def kernel_venv(tmp_path: Path, staging_site_packages: Path) -> Path:
+def kernel_venv(tmp_path: Path, staging_site_packages: list[Path]) -> Path:
     """A fresh venv that sees the staging venv's packages through a .pth file; its python."""
     venv = tmp_path / "venv"
     base = STAGING_VENV / "bin" / "python"
     subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
     (site,) = venv.glob("lib/python*/site-packages")
-    (site / "staging-venv.pth").write_text(f"{staging_site_packages}\n")
+    (site / "staging-venv.pth").write_text("".join(f"{d}\n" for d in staging_site_packages))
     return venv / "bin" / "python"
 
 
