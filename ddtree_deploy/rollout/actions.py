@@ -158,7 +158,12 @@ def tune_action(cfg: DeployConfig) -> ActionOutcome:
             f"{cfg.host.name} has no managed service (host.systemd=false); run it on a host "
             "that serves."
         )
-    record = ValidationRecord(cfg.host.name, f"tune: {algo_summary(cfg)} grid")
+    grid = cfg.tune
+    record = ValidationRecord(
+        cfg.host.name,
+        f"tune: DDTREE tree, budgets {list(grid.budgets)} x topks {list(grid.topks)} at "
+        f"concurrency {list(grid.concurrency)}",
+    )
     with connect(cfg.host) as host, _locked(cfg, host):
         winner = tune(cfg, host, record)
     return ActionOutcome(
