@@ -358,7 +358,7 @@ def _judge_candidate(
     except DeployError as err:
         if result.verdict == "not_run":  # the unit never served: no gate of ours ran
             reason = (str(err.__cause__ or err)).split("\n", 1)[0]
-            result.verdict, result.sentence = Outcome.failed.value, f"unit_active failed: {reason}"
+            _fail(result, GateResult("unit_active", Outcome.failed, reason), cfg)
         state = generations.state()
         if state["in_progress"] is not None:  # the pipeline's rollback failed too
             raise _after_failure(
