@@ -55,7 +55,7 @@ def write_run_report(run_dir: Path, record: dict[str, Any]) -> tuple[Path, Path]
 def tune_rows(tune: dict[str, Any]) -> list[tuple[str, ...]]:
     """The sweep as rows: one per candidate x concurrency (tokens/s, acceptance, speedup,
     outcome), the candidate's verdict and geometric mean on each of its rows."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for cand in tune["candidates"]:
         mark = "*" if cand["candidate"] == tune["winner"] else ""
         for cell in cand["cells"]:
@@ -71,9 +71,9 @@ def tune_rows(tune: dict[str, Any]) -> list[tuple[str, ...]]:
                     _number(cell["accept_length"]),
                     _number(cell["speedup"])
                     + (" best" if str(cell["concurrency"]) in best else ""),
-                    cell["outcome"],
+                    str(cell["outcome"]),
                     _number(cand["geomean_speedup"]),
-                    cand["verdict"],
+                    str(cand["verdict"]),
                 )
             )
     return rows

@@ -160,13 +160,13 @@ def test_tune_killed_mid_sweep_is_finished_by_the_next_run(
 def test_tune_without_a_faster_candidate_leaves_linear_dflash_with_exit_12(
     tune_host: StandinLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    slow = ("+service.environment.STANDIN_FAULT=tree_slow", "tune.budgets=[8]")
+    slow = ("+service.environment.STANDIN_FAULT=tree_slow", "tune.budgets=[15]")
     rc = main(argv(tune_host, tmp_path, *slow, *SMALL[1:]))
     assert rc == 12
     report = last_report(tmp_path)
     assert report["decision"] == "no_winner"
     assert report["tune"]["winner"] is None
-    assert by_slug(report)["b8k2"]["cells"][0]["speedup"] < 1
+    assert by_slug(report)["b15k2"]["cells"][0]["speedup"] < 1
     proof = [p for p in report["phases"] if p["name"] == "rollback_proof"]
     assert proof and {g["outcome"] for g in proof[-1]["gates"]} == {"passed"}
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
