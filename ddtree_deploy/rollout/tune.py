@@ -356,9 +356,10 @@ def _judge_candidate(
     try:
         deploy(cand_cfg, host, gates=[gate], replace_top=replace_top)
     except DeployError as err:
-        if result.verdict == "not_run":  # the unit never served: no gate of ours ran
+        if result.verdict == "not_run":  # no verdict yet: the unit or a measurement failed
             reason = (str(err.__cause__ or err)).split("\n", 1)[0]
-            _fail(result, GateResult("unit_active", Outcome.failed, reason), cfg)
+            failed = "unit_active" if result.generation is None else "tree"
+            _fail(result, GateResult(failed, Outcome.failed, reason), cfg)
         state = generations.state()
         if state["in_progress"] is not None:  # the pipeline's rollback failed too
             raise _after_failure(
