@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
@@ -53,6 +54,7 @@ _HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
     "audit": actions.audit_action,
     "validate": actions.validate_action,
     "port": actions.port_action,
+    "tune": actions.tune_action,
 }
 
 
@@ -99,7 +101,8 @@ def entrypoint() -> None:
 def _run(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
     emit("run.start", action=cfg.action, host=cfg.host.name, overrides=args)
     try:
-        outcome = _HANDLERS[cfg.action](cfg)
+        with _tune_progress(cfg):
+            outcome = _HANDLERS[cfg.action](cfg)
     except DeployError as err:
         if isinstance(err, ValidationFailed):  # the report is written for failures too
             _write_report(run_dir, err.record)
@@ -114,6 +117,20 @@ def _run(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
         _write_report(run_dir, outcome.validation)
     emit("run.end", exit_code=outcome.exit_code)
     return outcome.exit_code
+
+
+@contextmanager
+def _tune_progress(cfg: DeployConfig) -> Iterator[None]:
+    """A progress bar over the candidates while `action=tune` runs."""
+    if cfg.action != "tune":
+        yield
+        return
+    bar = console.TuneProgress()
+    with sink_installed(bar):
+        try:
+            yield
+        finally:
+            bar.close()
 
 
 def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
@@ -173,6 +190,7 @@ def _write_report(run_dir: Path, record: ValidationRecord) -> None:
     data = record.to_dict()
     json_path, md_path = run_report.write_run_report(run_dir, data)
     run_report.print_gates(data)
+    run_report.print_tune(data)
     console.print_line(f"report: {md_path} and {json_path.name}")
 
 

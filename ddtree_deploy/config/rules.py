@@ -38,6 +38,7 @@ def _problems(cfg: DeployConfig) -> list[str]:
         *_service_problems(cfg),
         *_sglang_problems(cfg),
         *_validation_problems(cfg),
+        *_tune_problems(cfg),
     ]
 
 
@@ -209,3 +210,40 @@ def _validation_problems(cfg: DeployConfig) -> list[str]:
         if p.max_new_tokens < 1
     ]
     return problems
+
+
+def _tune_problems(cfg: DeployConfig) -> list[str]:
+    """The grid of `action=tune` (checked only for that action: other runs ignore it)."""
+    if cfg.action != "tune":
+        return []
+    tune, algo = cfg.tune, cfg.algo
+    if algo.name is not Algo.DDTREE or algo.mode is not TreeMode.tree:
+        return [
+            "action=tune sweeps DDTREE tree candidates against linear DFlash, so it needs "
+            f"algo=ddtree (got algo.name={algo.name.value}, algo.mode={algo.mode.value}); the grid "
+            "is tune.budgets x tune.topks."
+        ]
+    max_budget = algo.block_size - 1
+    for key, values in (
+        ("budgets", tune.budgets),
+        ("topks", tune.topks),
+        ("concurrency", tune.concurrency),
+    ):
+        if not values:
+            return [f"tune.{key} is empty; give at least one value, e.g. tune.{key}=[4]."]
+        if len(set(values)) != len(values):
+            return [f"tune.{key}={list(values)} lists a value twice; name each once."]
+    if bad := [b for b in tune.budgets if not 1 <= b <= max_budget]:
+        return [
+            f"tune.budgets={list(tune.budgets)} has {bad[0]} out of range: each budget must be "
+            f"between 1 and block_size - 1 = {max_budget} (the verify width stays the block size)."
+        ]
+    if bad := [k for k in tune.topks if not 1 <= k <= max(tune.budgets)]:
+        return [
+            f"tune.topks={list(tune.topks)} has {bad[0]} out of range: each top-k must be between "
+            f"1 and the largest budget in tune.budgets ({max(tune.budgets)}), or it names no "
+            "candidate."
+        ]
+    if bad := [c for c in tune.concurrency if c < 1]:
+        return [f"tune.concurrency={list(tune.concurrency)} has {bad[0]}: each must be at least 1."]
+    return []

@@ -265,6 +265,17 @@ class PortConfig:
     sets: str | None = None  # a folder of reviewed sets; default the shipped patches/sglang
 
 
+@dataclass
+class TuneConfig:
+    """The grid `action=tune` sweeps on the live service (conf/tune/): every (budget, top-k)
+    pair with topk <= budget is one candidate, judged at every named concurrency."""
+
+    budgets: list[int] = field(default_factory=lambda: [4, 8, 15])
+    topks: list[int] = field(default_factory=lambda: [2, 4])
+    # Requests in flight while measuring; each cell sends at least this many requests.
+    concurrency: list[int] = field(default_factory=lambda: [1, 32])
+
+
 ACTIONS = (
     "plan",
     "facts",
@@ -279,6 +290,7 @@ ACTIONS = (
     "audit",
     "validate",
     "port",
+    "tune",
 )
 
 
@@ -297,6 +309,7 @@ class DeployConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rollback: RollbackConfig = field(default_factory=RollbackConfig)
     port: PortConfig = field(default_factory=PortConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     action: str = "plan"
     output: Output = Output.table
 
@@ -315,5 +328,6 @@ def register_configs() -> None:
         ("service", ServiceConfig),
         ("validation", ValidationConfig),
         ("rollout", RolloutConfig),
+        ("tune", TuneConfig),
     ):
         store.store(group=group, name=f"base_{group}", node=node)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ddtree_deploy.errors import DeployError
@@ -38,3 +40,41 @@ def print_error(err: DeployError) -> None:
 
 def _escape(text: str) -> str:
     return escape(text)
+
+
+class TuneProgress:
+    """An event sink: a rich progress bar over the candidates of `action=tune` (on stderr)."""
+
+    def __init__(self) -> None:
+        self.progress: Progress | None = None
+        self.task: Any = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        event = record.get("event")
+        if event == "tune.start":
+            self.progress = Progress(
+                TextColumn("tune"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=stderr,
+                transient=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("baselines", total=int(record["total"]))
+        elif self.progress is None:
+            return
+        elif event == "tune.candidate":
+            self.progress.update(self.task, description=str(record["candidate"]))
+        elif event == "tune.candidate.done":
+            self.progress.advance(self.task)
+        elif event == "tune.end":
+            self.progress.update(self.task, description="done")
+            self.close()
+
+    def close(self) -> None:
+        """Stop the bar (a failed sweep stops it where it was)."""
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

@@ -52,6 +52,66 @@ def write_run_report(run_dir: Path, record: dict[str, Any]) -> tuple[Path, Path]
     return json_path, md_path
 
 
+def tune_rows(tune: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The sweep as rows: one per candidate x concurrency (tokens/s, acceptance, speedup,
+    outcome), the candidate's verdict and geometric mean on each of its rows."""
+    rows: list[tuple[str, ...]] = []
+    for cand in tune["candidates"]:
+        mark = "*" if cand["candidate"] == tune["winner"] else ""
+        for cell in cand["cells"]:
+            best = [
+                c for c, slug in tune["best_per_concurrency"].items() if slug == cand["candidate"]
+            ]
+            rows.append(
+                (
+                    f"{cand['candidate']}{mark}",
+                    str(cell["concurrency"]),
+                    _number(cell["tokens_per_s"]),
+                    _number(cell["baseline_tokens_per_s"]),
+                    _number(cell["accept_length"]),
+                    _number(cell["speedup"])
+                    + (" best" if str(cell["concurrency"]) in best else ""),
+                    str(cell["outcome"]),
+                    _number(cand["geomean_speedup"]),
+                    str(cand["verdict"]),
+                )
+            )
+    return rows
+
+
+TUNE_COLUMNS = (
+    "candidate",
+    "c",
+    "tok/s",
+    "base tok/s",
+    "accept",
+    "speedup",
+    "cell",
+    "geomean",
+    "verdict",
+)
+
+
+def _number(value: object) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+_ENV.globals["tune_rows"] = tune_rows
+_ENV.globals["tune_columns"] = TUNE_COLUMNS
+
+
+def print_tune(record: dict[str, Any]) -> None:
+    """The sweep's table, then which candidate was best at each concurrency."""
+    tune = record.get("tune")
+    if not tune:
+        return
+    console.print_table(f"tune: {record['host']}", TUNE_COLUMNS, tune_rows(tune))
+    for level, slug in tune["best_per_concurrency"].items():
+        console.print_line(f"best at concurrency {level}: {slug or 'none passed'}")
+
+
 def print_gates(record: dict[str, Any]) -> None:
     """One table row per gate, phase by phase, then the decision."""
     rows = [

@@ -28,6 +28,7 @@ from ddtree_deploy.rollout.pipeline import preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status, installed_patch_step
+from ddtree_deploy.rollout.tune import tune
 from ddtree_deploy.rollout.validation_flow import deploy_validated, validate_running
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
@@ -147,6 +148,29 @@ def validate_action(cfg: DeployConfig) -> ActionOutcome:
         preflight(cfg, host)
         validate_running(cfg, host, record)
     return ActionOutcome(summary=record.sentence, validation=record)
+
+
+def tune_action(cfg: DeployConfig) -> ActionOutcome:
+    """Sweep the tune grid on the live service and promote the fastest passing candidate."""
+    if not cfg.host.systemd:
+        raise ConfigError(
+            f"action=tune deploys each candidate as a generation of the service, and "
+            f"{cfg.host.name} has no managed service (host.systemd=false); run it on a host "
+            "that serves."
+        )
+    grid = cfg.tune
+    record = ValidationRecord(
+        cfg.host.name,
+        f"tune: DDTREE tree, budgets {list(grid.budgets)} x topks {list(grid.topks)} at "
+        f"concurrency {list(grid.concurrency)}",
+    )
+    with connect(cfg.host) as host, _locked(cfg, host):
+        winner = tune(cfg, host, record)
+    return ActionOutcome(
+        summary=f"{cfg.host.name}: promoted {winner.candidate.label} "
+        f"(geometric-mean speedup {winner.score or 0:.2f}).",
+        validation=record,
+    )
 
 
 def rollback_action(cfg: DeployConfig) -> ActionOutcome:

@@ -135,12 +135,19 @@ def preflight(cfg: DeployConfig, host: ShellHost) -> PreflightReport:
 
 
 def deploy(
-    cfg: DeployConfig, host: ShellHost, *, gates: Sequence[Gate] | None = None
+    cfg: DeployConfig,
+    host: ShellHost,
+    *,
+    gates: Sequence[Gate] | None = None,
+    replace_top: bool = False,
 ) -> DeployOutcome:
     """Bring `host` to what `cfg` says; zero changed steps when it already is.
 
-    Raises `DeployError`s: preflight refusals and lint failures before the host changes; a
-    failure after it changed rolls back first (unless `rollout.rollback_on_failure=false`).
+    `replace_top`: the new generation takes the place of the lineage's top on commit instead
+    of stacking on it (`action=tune` keeps one judged candidate above shadow-linear, so a
+    rollback still walks tree -> shadow -> linear). Raises `DeployError`s: preflight refusals
+    and lint failures before the host changes; a failure after it changed rolls back first
+    (unless `rollout.rollback_on_failure=false`), to the top it would have replaced.
     """
     report = preflight(cfg, host)
     boundary("preflight")
@@ -174,7 +181,10 @@ def deploy(
         for gate in validation_gates(cfg) if gates is None else gates:
             gate(context)
         boundary("commit")
-        lineage = [g for g in state["lineage"] if g != number] + [number]
+        below = [g for g in state["lineage"] if g != number]
+        if replace_top and below:
+            below = below[:-1]
+        lineage = [*below, number]
         generations.commit(number, lineage)
     except DeployError as err:
         if not cfg.rollout.rollback_on_failure:

@@ -102,7 +102,7 @@ def deploy_validated(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
     outcome = _phase(shadow_cfg, host, api_key, record, "shadow_linear", _shadow_judge(baseline))
     if cfg.algo.mode is TreeMode.tree:
         outcome = _phase(cfg, host, api_key, record, "tree", _tree_judge(baseline))
-    _promote(cfg, host, generations, outcome, record)
+    _promote(cfg, host, generations, outcome.generation, record)
     return outcome
 
 
@@ -456,11 +456,10 @@ def _promote(
     cfg: DeployConfig,
     host: ShellHost,
     generations: GenerationStore,
-    outcome: DeployOutcome,
+    number: int | None,
     record: ValidationRecord,
 ) -> None:
-    """Record the passed validation beside the promoted generation."""
-    number = outcome.generation
+    """Record the passed validation beside the promoted generation `number`."""
     sentence = f"{cfg.host.name} promoted generation {number} ({algo_summary(cfg)})."
     record.decide(Decision.promote, sentence)
     path = PurePosixPath(cfg.host.state_dir) / "generations" / str(number) / "validation.json"

@@ -39,6 +39,7 @@ class ValidationRecord:
     sentence: str = ""
     rolled_back_to: int | None = None
     finished: float | None = None
+    tune: dict[str, Any] | None = None  # action=tune: the sweep's table (rollout.tune)
 
     def add(
         self,
@@ -76,4 +77,5 @@ class ValidationRecord:
                 }
                 for p in self.phases
             ],
+            "tune": self.tune,
         }

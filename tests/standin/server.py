@@ -18,10 +18,14 @@ baseline and every rollback stay healthy:
 - `STANDIN_FAULT=wrong_algorithm`: `/get_server_info` reports DFLASH (a silent fallback);
 - `STANDIN_FAULT=acceptance_collapse`: the draft gets no hidden states, acceptance drops to 1;
 - `STANDIN_FAULT=tree_divergence`: tree mode emits a wrong token at output position 5;
-- `STANDIN_FAULT=tree_slow`: a tree verify pass costs 4 x a chain pass (tree slower than linear).
+- `STANDIN_FAULT=tree_slow`: a tree node costs 4 x a chain token to verify (tree slower than
+  linear at every batch size);
+- `STANDIN_FAULT_BUDGET=<n>`: the two tree faults above apply only when the tree's budget is n
+  (one candidate of an `action=tune` sweep misbehaves, the others do not).
 
-Timing: `STANDIN_STEP_S` (default 0.03) seconds per verify pass, `STANDIN_TREE_COST` (1.05) times
-that for a tree pass.
+Timing (`standin.model.pass_time`): `STANDIN_STEP_S` (default 0.03) seconds is the fixed part of a
+verify pass; the tokens verified by all requests in flight add to it (a batch shares each pass),
+a tree's nodes at `STANDIN_TREE_COST` (1.05) times a chain token's cost.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Knobs:
     start_delay_s: float
     step_s: float
     tree_cost: float
+    fault_budget: int | None = None  # tree faults only for this budget; None: every tree
 
     @classmethod
     def from_env(cls) -> Knobs:
@@ -71,6 +76,9 @@ class Knobs:
             start_delay_s=float(os.environ.get("STANDIN_START_DELAY_S", "0")),
             step_s=float(os.environ.get("STANDIN_STEP_S", "0.03")),
             tree_cost=float(os.environ.get("STANDIN_TREE_COST", "1.05")),
+            fault_budget=int(os.environ["STANDIN_FAULT_BUDGET"])
+            if os.environ.get("STANDIN_FAULT_BUDGET")
+            else None,
         )
 
 
@@ -88,16 +96,25 @@ class Service:
         self.ready_at = time.monotonic() + delay
         block = int(server_args.speculative_num_draft_tokens)
         tree = self.ddtree and server_args.speculative_ddtree_mode == "tree"
+        budget = int(server_args.speculative_ddtree_budget) if tree else block - 1
+        if self.fault in ("tree_divergence", "tree_slow") and knobs.fault_budget not in (
+            None,
+            budget,
+        ):
+            self.fault = "none"
         self.decoder = Decoder(
             block_size=block,
             topk=int(server_args.speculative_ddtree_topk) if tree else 1,
-            budget=int(server_args.speculative_ddtree_budget) if tree else block - 1,
+            budget=budget,
             step_s=knobs.step_s,
             tree_cost=4.0 if self.fault == "tree_slow" else knobs.tree_cost,
             collapsed=self.fault == "acceptance_collapse",
             diverge_at=5 if self.fault == "tree_divergence" and tree else None,
         )
-        self.lock = threading.Lock()  # one "GPU": requests decode one at a time
+        # One "GPU": requests in flight share every verify pass (a batch), so each pass costs
+        # more the more tokens all of them verify (`standin.model.pass_time`).
+        self.lock = threading.Lock()
+        self.in_flight = 0
         self.accept_lengths: list[float] = []
 
     @property
@@ -123,7 +140,12 @@ class Service:
         max_new = int(params.get("max_new_tokens", 128))
         start = time.perf_counter()
         with self.lock:
-            out = self.decoder.generate(prompt, max_new)
+            self.in_flight += 1
+        try:
+            out = self.decoder.generate(prompt, max_new, lambda: self.in_flight)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
         tokens = len(out.output_ids)
         proposed = out.verify_ct * (self.decoder.block_size - 1)
         self.accept_lengths.append(tokens / out.verify_ct)

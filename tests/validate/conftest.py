@@ -93,11 +93,13 @@ def start_local_standin(
         *extra,
     ]
     log = (models / "standin.log").open("wb")
+    # 0.06 s per pass: the toy's own compute is about 30 ms a pass here (more under load), and
+    # the modelled time must stay above it or the tree gate judges CPU load, not acceptance.
     process = subprocess.Popen(
         argv,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "STANDIN_STEP_S": "0.03", **(env or {})},
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "STANDIN_STEP_S": "0.06", **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

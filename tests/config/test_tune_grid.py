@@ -1,0 +1,48 @@
+"""`action=tune`'s grid is checked at compose time: one sentence, exit 2, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.cli import main
+from ddtree_deploy.config import compose_config
+from ddtree_deploy.rollout.tune import candidates
+
+
+@pytest.mark.parametrize(
+    ("override", "sentence"),
+    [
+        (
+            "tune.budgets=[4,16]",
+            "tune.budgets=[4, 16] has 16 out of range: each budget must be between 1 and "
+            "block_size - 1 = 15 (the verify width stays the block size).",
+        ),
+        ("tune.budgets=[0,8]", "tune.budgets=[0, 8] has 0 out of range"),
+        ("tune.topks=[2,9]", "tune.topks=[2, 9] has 9 out of range"),
+        ("tune.concurrency=[]", "tune.concurrency is empty"),
+        ("tune.concurrency=[1,0]", "tune.concurrency=[1, 0] has 0: each must be at least 1."),
+        ("algo=dflash", "action=tune sweeps DDTREE tree candidates"),
+    ],
+)
+def test_tune_refuses_a_bad_grid_with_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, sentence: str
+) -> None:
+    rc = main(["action=tune", "tune.budgets=[4,8]", override, f"rollout.runs_dir={tmp_path}"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert sentence in lines[0]
+    assert "Traceback" not in err
+
+
+def test_tune_grid_rule_applies_to_action_tune_only() -> None:
+    compose_config(["action=plan", "tune.budgets=[99]"])  # other actions ignore the grid
+
+
+def test_tune_default_grid_skips_topk_above_budget() -> None:
+    cfg = compose_config(["action=tune", "tune.budgets=[2,8]", "tune.topks=[2,4]"])
+    assert [c.slug for c in candidates(cfg)] == ["b2k2", "b8k2", "b8k4"]
