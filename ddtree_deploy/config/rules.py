@@ -157,11 +157,17 @@ _BACKEND_FLAGS = (
 
 
 def _service_problems(cfg: DeployConfig) -> list[str]:
+    cap = cfg.service.max_total_tokens
+    problems = (
+        [f"service.max_total_tokens={cap} must be a positive token count (or null for no cap)."]
+        if cap is not None and cap < 1
+        else []
+    )
     if cfg.algo.name is not Algo.DDTREE or cfg.algo.mode is not TreeMode.tree:
-        return []
+        return problems
     args = cfg.service.extra_args
     chosen = [(flag, args[i + 1]) for i, flag in enumerate(args[:-1]) if flag in _BACKEND_FLAGS]
-    return [
+    return problems + [
         f"service.extra_args sets {flag} {backend}, but DDTREE tree mode needs a backend that "
         f"reads the tree mask ({' or '.join(TREE_MASK_BACKENDS)}); SGLang would refuse it at "
         "start."

@@ -134,6 +134,9 @@ class ServiceConfig:
     port: int = 30000
     listen_host: str = "127.0.0.1"  # SGLang's --host
     mem_fraction_static: float = 0.85
+    # --max-total-tokens: caps the KV pool below what mem_fraction_static would give, so that
+    # several servers can share one GPU (each sizes its pool from the memory free at start).
+    max_total_tokens: int | None = None
     tp_size: int = 8
     # The module `python -m` runs from the host's SGLang venv; tests point it at a stand-in.
     launch_module: str = "sglang.launch_server"

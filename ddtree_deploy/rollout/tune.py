@@ -27,11 +27,12 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
+from ddtree_deploy.config.schema import Algo, DeployConfig, InconclusivePolicy, TreeMode
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
@@ -341,7 +342,7 @@ def _judge_candidate(
         polled = probe.first_gates(Expected.of(ctx.cfg))
         record.add(f"tune.{candidate.slug}", algo_summary(ctx.cfg), ctx.generation, polled)
         if (bad := deciding_gate(polled)) is not None:
-            _fail(result, bad, cfg)
+            fail_unmeasured(result, bad, cfg.tune.concurrency)
             raise GateFailed(result.sentence)
         boundary(f"tune.candidate.{candidate.slug}")
         _measure_cells(ctx, record, result, candidate, baselines)
@@ -359,7 +360,9 @@ def _judge_candidate(
         if result.verdict == "not_run":  # no verdict yet: the unit or a measurement failed
             reason = (str(err.__cause__ or err)).split("\n", 1)[0]
             failed = "unit_active" if result.generation is None else "tree"
-            _fail(result, GateResult(failed, Outcome.failed, reason), cfg)
+            fail_unmeasured(
+                result, GateResult(failed, Outcome.failed, reason), cfg.tune.concurrency
+            )
         state = generations.state()
         if state["in_progress"] is not None:  # the pipeline's rollback failed too
             raise _after_failure(
@@ -379,25 +382,42 @@ def _measure_cells(
     candidate: Candidate,
     baselines: dict[int, Measurement],
 ) -> None:
-    """The tree gate at every concurrency; a token divergence stops the candidate at once."""
-    cfg = ctx.cfg
-    for level in cfg.tune.concurrency:
-        if result.verdict == Outcome.failed.value:  # wrong tokens: no point measuring on
-            result.cells.append(Cell(level, "not_run", "not measured after a divergence"))
-            continue
-        cell_cfg = at_concurrency(cfg, level)
+    """The tree gate at every concurrency of the live candidate, each cell in the record."""
+
+    def judge(level: int) -> list[GateResult]:
+        cell_cfg = at_concurrency(ctx.cfg, level)
         probe = ServiceProbe(cell_cfg, ctx.host, ctx.api_key)
         gates, measurement = _tree_judge(baselines[level])(
             probe, dataclasses.replace(ctx, cfg=cell_cfg)
         )
         phase = f"tune.{candidate.slug}@c{level}"
-        record.add(phase, algo_summary(cfg), ctx.generation, gates, measurement)
+        record.add(phase, algo_summary(ctx.cfg), ctx.generation, gates, measurement)
+        emit("validate.gate", phase=phase, **gates[-1].to_dict())
+        return gates
+
+    judge_cells(result, ctx.cfg.tune.concurrency, judge, ctx.cfg.validation.on_inconclusive)
+
+
+def judge_cells(
+    result: CandidateResult,
+    levels: Sequence[int],
+    judge: Callable[[int], Sequence[GateResult]],
+    policy: InconclusivePolicy,
+) -> None:
+    """A candidate's cells and verdict from `judge(level)`, the gates ending in the tree gate.
+
+    A token divergence stops the candidate at once (no point measuring wrong tokens on). Kept
+    apart from the live service so the GPU lab, which starts its own servers, judges the same.
+    """
+    for level in levels:
+        if result.verdict == Outcome.failed.value:
+            result.cells.append(Cell(level, "not_run", "not measured after a divergence"))
+            continue
+        gates = judge(level)
         tree = gates[-1]
-        emit("validate.gate", phase=phase, **tree.to_dict())
         # As a deploy judges it: on_inconclusive=promote counts an inconclusive cell as a pass.
-        decision = decide(gates, cfg.validation.on_inconclusive)
         outcome = {Decision.promote: "passed", Decision.rollback: "failed"}.get(
-            decision, "inconclusive"
+            decide(gates, policy), "inconclusive"
         )
         figures = tree.figures
         result.cells.append(
@@ -429,10 +449,11 @@ def _measure_cells(
         result.sentence = f"c={stopper.concurrency}: {stopper.sentence}"
 
 
-def _fail(result: CandidateResult, gate: GateResult, cfg: DeployConfig) -> None:
+def fail_unmeasured(result: CandidateResult, gate: GateResult, levels: Sequence[int]) -> None:
+    """A candidate that never reached the tree gate: `gate` decides it, no cell measured."""
     result.verdict = gate.outcome.value
     result.sentence = f"{gate.gate} {gate.outcome.value}: {gate.sentence}"
-    result.cells = [Cell(c, "not_run", "not measured") for c in cfg.tune.concurrency]
+    result.cells = [Cell(c, "not_run", "not measured") for c in levels]
 
 
 def pick_winner(results: list[CandidateResult]) -> CandidateResult | None:

@@ -106,6 +106,8 @@ def server_argv(cfg: DeployConfig, *, api_key: bool) -> list[str]:
         str(model.context_length),
         *speculative_args(cfg),
     ]
+    if svc.max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(svc.max_total_tokens)]
     if svc.deterministic_inference:
         argv.append("--enable-deterministic-inference")
     if api_key:

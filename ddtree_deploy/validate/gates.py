@@ -73,6 +73,25 @@ class GateResult:
             }
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GateResult:
+        """A gate read back from a run report (`to_dict`'s shape)."""
+        div = data.get("divergence")
+        return cls(
+            str(data["gate"]),
+            Outcome(data["outcome"]),
+            str(data["sentence"]),
+            dict(data.get("figures") or {}),
+            Divergence(
+                str(div["prompt"]),
+                int(div["position"]),
+                tuple(div["baseline"]),
+                tuple(div["candidate"]),
+            )
+            if div
+            else None,
+        )
+
 
 def first_divergence(baseline: Measurement, candidate: Measurement) -> Divergence | None:
     """The first prompt (in baseline order) and token position where the two differ."""

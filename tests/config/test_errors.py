@@ -28,6 +28,7 @@ CASES = [
     pytest.param(["host=ct129", "algo=dflash", "gpu.arch=blackwell"], "gpu.arch='blackwell' is malformed: give the CUDA arch as sm_XY (e.g. sm_120).", id="gpu-arch"),
     pytest.param(["host=ct129", "algo=dflash", "host.address=null"], "host.address is missing for host ct129 (transport ssh); set host.address=<name or IP>.", id="ssh-address"),
     pytest.param(["host=ct129", "algo=dflash", "host.gpu_ids=[0,8]"], "host.gpu_ids=[0, 8] names GPUs outside 0..7 (host.gpu_count=8).", id="gpu-ids"),
+    pytest.param(["service.max_total_tokens=0"], "service.max_total_tokens=0 must be a positive token count (or null for no cap).", id="kv-cap-zero"),
     pytest.param(["algo=ddtree", "service.extra_args=[--tp-size,1,--attention-backend,fa3]"], "service.extra_args sets --attention-backend fa3, but DDTREE tree mode needs a backend that reads the tree mask (flashinfer or triton); SGLang would refuse it at start.", id="tree-backend"),
     pytest.param(["action=explode"], "action='explode' is unknown; choose one of: ", id="action"),
     pytest.param(["sglang.version=latest"], "sglang.version='latest' is not a version (e.g. 0.5.11).", id="sglang-version"),

@@ -1,22 +1,27 @@
 """The GPU lab's matrix, run on the GPU machine: the product drives real SGLang servers.
 
     python3 tests/gpulab/run.py --bundle .lab --out OUT [--root /tmp/ddtree-lab] [--quick]
+        [--budgets 15,31,63] | --overhead ROUNDS | --tune
 
-It installs the carried bundle (tests/gpulab/bundle.py made it) and this checkout into one venv
-that sees the machine's torch, writes the tiny models (models.py), then runs `ddtree-deploy`
-itself on `host=h200_lab`: plan (preflight), patch, audit, build-kernels (CUDA for the GPU,
-with its smoke test). For each target (pure attention, hybrid) and algorithm (DFLASH, DDTREE
-shadow_linear, DDTREE tree) it starts the server with exactly the argv and environment
-`action=render output=json` gives (the machine has no systemd, so the lab is the service
-manager), and judges it with `action=validate`, the product's own gates: at batch 1, then with
-several requests in flight. A cell whose tokens differ from DFLASH's is settled by the same
-pair in SGLang's deterministic mode (`service.deterministic_inference=true`; sgl-kernel has no
-float32 RMSNorm, so an fp32 run cannot start): equal there means a bf16 near-tie between
-batch shapes, different means a bug. The attention target's DFLASH and shadow_linear also run at 8 and 32 requests in flight
-for the overhead table.
+It installs the carried bundle (tests/gpulab/bundle.py made it, for one release) and this
+checkout into one venv that sees the machine's torch, writes the tiny models (models.py), then
+runs `ddtree-deploy` itself on `host=h200_lab`: plan (preflight), patch, audit, build-kernels
+(CUDA for the GPU, with its smoke test). For each target (pure attention, hybrid) and algorithm
+(DFLASH, DDTREE shadow_linear, DDTREE tree, a tree cell per `--budgets` entry) it starts the
+server with exactly the argv and environment `action=render output=json` gives (the machine has
+no systemd, so the lab is the service manager), and judges it with `action=validate`, the
+product's own gates: at batch 1, then with several requests in flight. A cell whose tokens
+differ from DFLASH's is settled by the same pair in SGLang's deterministic mode
+(`service.deterministic_inference=true`; sgl-kernel has no float32 RMSNorm, so an fp32 run
+cannot start): equal there means a bf16 near-tie between batch shapes, different means a bug.
 
-Results: OUT/results.md (the table), OUT/results.json, OUT/logs.tar.gz (every run folder and
-server log). The table is printed last.
+`--overhead N`: DFLASH and shadow_linear served side by side on the attention target, their
+passes interleaved over N rounds at 1, 8 and 32 requests in flight (shadow_linear's cost).
+`--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
+(tune_lab.py judges and tables it with the product's code).
+
+Results: OUT/results.md (the tables), OUT/results.json, OUT/logs.tar.gz (every run folder and
+server log). The tables are printed last.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,15 +44,18 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-RELEASE = "0.5.11"  # the release whose set the lab serves (0.5.12-0.5.17 once they have sets)
 ALGOS = ("dflash", "ddtree_shadow", "ddtree")
 BATCHED = ("validation.concurrency=8", "validation.repeats=4")  # 16 requests, 8 in flight
 # Every prompt of the default set answers 160 new tokens (the matrix asks for at least 128).
 LONG_ANSWERS = tuple(f"validation.prompts.{i}.max_new_tokens=160" for i in range(4))
 OVERHEAD_CONCURRENCY = (1, 8, 32)
-# About ten seconds of generation at batch 1 (run 2's one-second windows spread 20-30%).
-OVERHEAD_REPEATS_C1 = 12
+# About 14 s of generation per pass at batch 1 (run 2's one-second windows spread 20-30%).
+OVERHEAD_REPEATS_C1 = 8
 START_TIMEOUT_S = 420
+# Servers that share the GPU (overhead pairs, tune waves): each caps its KV pool, so one's start
+# does not see the others' pools as used memory and refuse (SGLang sizes the pool from free memory).
+SHARED_GPU = ("service.mem_fraction_static=0.8", "service.max_total_tokens=131072")
+TUNE_WAVE = 3  # tune candidates served at once
 
 
 @dataclass
@@ -65,6 +74,7 @@ class Cell:
 
     target: str
     algo: str
+    extra: list[str] = field(default_factory=list)  # overrides beyond the algorithm's
     start_s: float | None = None
     start_error: str | None = None
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> summary
@@ -73,8 +83,8 @@ class Cell:
 class Lab:
     """The lab's folders and the one venv that holds SGLang, its kernels and ddtree-deploy."""
 
-    def __init__(self, root: Path, out: Path) -> None:
-        self.root, self.out = root, out
+    def __init__(self, root: Path, out: Path, release: str) -> None:
+        self.root, self.out, self.release = root, out, release
         self.venv = root / "venv"
         self.runs = root / "runs"
         self.logs = root / "logs"
@@ -117,7 +127,9 @@ class Lab:
 
     def _argv(self, overrides: Sequence[str]) -> list[str]:
         """`ddtree-deploy` on the lab host with the lab's options, then `overrides`."""
-        lab = ["host=h200_lab", "service=lab", "validation=lab", f"rollout.runs_dir={self.runs}"]
+        lab = ["host=h200_lab", "service=lab", "validation=lab", f"rollout.runs_dir={self.runs}",
+               f"sglang=v{self.release.split('.post')[0].replace('.', '_')}",
+               f"sglang.version={self.release}"]  # fmt: skip
         return [str(self.venv / "bin" / "ddtree-deploy"), *lab, *LONG_ANSWERS, *overrides]
 
     def tool(self, name: str, *overrides: str) -> StepRun:
@@ -142,67 +154,80 @@ class Lab:
         reports = sorted(self.runs.glob("*-validate*/report.json"), key=lambda p: p.stat().st_mtime)
         return json.loads(reports[-1].read_text()) if reports else None
 
-    # -- one server ----------------------------------------------------------------------------
+    # -- servers -------------------------------------------------------------------------------
 
     @property
-    def pgid_file(self) -> Path:
-        return self.root / "server.pgid"
+    def pgids(self) -> Path:
+        return self.root / "servers"
 
     def stop_stale(self) -> None:
-        """Kill a server an earlier call left running (cut off by its time limit): it would hold
-        the port, and the next cell's gates would judge it instead of the new one."""
-        if self.pgid_file.exists():
-            pgid = int(self.pgid_file.read_text())
+        """Kill servers an earlier call left running (cut off by its time limit): they would
+        hold the ports, and the next cell's gates would judge them instead of the new ones."""
+        for pgid_file in sorted(self.pgids.glob("*")):
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
-                    os.killpg(pgid, sig)
+                    os.killpg(int(pgid_file.name), sig)
                 except ProcessLookupError:
                     break
                 time.sleep(10)
-            self.pgid_file.unlink()
+            pgid_file.unlink()
 
-    def serve(
-        self, label: str, overrides: list[str]
-    ) -> tuple[subprocess.Popen[bytes] | None, float | None, str | None]:
-        """Start the rendered server; (process, seconds to /health) or (None, None, why)."""
+    def start(self, label: str, overrides: list[str]) -> Server:
+        """Start the rendered server (exactly the product's argv and environment)."""
         spec = self.rendered(overrides)
-        self.stop_stale()
-        log = (self.logs / f"server-{label}.log").open("wb")
-        log.write((" ".join(spec["argv"]) + "\n").encode())
-        log.flush()
-        start = time.monotonic()
-        process = subprocess.Popen(
-            spec["argv"], env={**self.env, **spec["environment"]}, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        self.pgid_file.write_text(f"{process.pid}\n")
+        path = self.logs / f"server-{label}.log"
+        with path.open("wb") as log:
+            log.write((" ".join(spec["argv"]) + "\n").encode())
+            log.flush()
+            process = subprocess.Popen(
+                spec["argv"], env={**self.env, **spec["environment"]}, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        self.pgids.mkdir(exist_ok=True)
+        (self.pgids / str(process.pid)).touch()
         argv = spec["argv"]
-        health = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/health"
-        while time.monotonic() - start < START_TIMEOUT_S:
-            if process.poll() is not None:
-                return None, None, _log_tail(self.logs / f"server-{label}.log")
+        return Server(label, process, int(argv[argv.index("--port") + 1]), path, time.monotonic())
+
+    def wait(self, server: Server) -> tuple[float | None, str | None]:
+        """Seconds from start to /health 200, or (None, why); a server that fails is stopped."""
+        health = f"http://127.0.0.1:{server.port}/health"
+        while time.monotonic() - server.started < START_TIMEOUT_S:
+            if server.process.poll() is not None:
+                self.stop(server)
+                return None, _log_tail(server.log)
             try:
                 if httpx.get(health, timeout=2).status_code == 200:
-                    return process, round(time.monotonic() - start, 1), None
+                    return round(time.monotonic() - server.started, 1), None
             except httpx.TransportError:
                 pass
             time.sleep(1)
-        stop(process)
-        return None, None, f"no /health 200 within {START_TIMEOUT_S} s"
+        self.stop(server)
+        return None, f"no /health 200 within {START_TIMEOUT_S} s"
+
+    def stop(self, server: Server) -> None:
+        """SIGTERM the server's process group (scheduler, detokenizer), SIGKILL after 30 s."""
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(server.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                server.process.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        (self.pgids / str(server.process.pid)).unlink(missing_ok=True)
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group (scheduler, detokenizer), SIGKILL after 30 s."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+@dataclass
+class Server:
+    """One SGLang server the lab started."""
+
+    label: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    started: float
 
 
 def summarize(report: dict[str, Any] | None, exit_code: int) -> dict[str, Any]:
@@ -238,22 +263,112 @@ def run_cell(
     overrides = [f"model=lab_{target}", f"algo={algo}", *extra]
     if target == "hybrid" and algo == "ddtree":
         overrides.append("algo.allow_hybrid_unsafe=true")  # what the lab is here to prove
-    cell = Cell(target, algo)
+    cell = Cell(target, algo, [e for e in extra if not e.startswith("service.deterministic")])
     name = "-".join([target, algo, *[e.split("=")[-1] for e in extra]])
-    process, cell.start_s, cell.start_error = lab.serve(name, overrides)
-    if process is None:
-        print(
-            f"> {name}: server did not start: {cell.start_error[-300:] if cell.start_error else ''}",
-            flush=True,
-        )
+    server = lab.start(name, overrides)
+    cell.start_s, cell.start_error = lab.wait(server)
+    if cell.start_error is not None:
+        print(f"> {name}: server did not start: {cell.start_error[-300:]}", flush=True)
         return cell
     try:
         for label, more in labels.items():
             step = lab.tool(f"validate-{name}-{label}", *overrides, *more, "action=validate")
             cell.runs[label] = summarize(lab.last_report(), step.exit_code)
     finally:
-        stop(process)
+        lab.stop(server)
     return cell
+
+
+def concurrency_overrides(level: int, *, c1_repeats: int = 4) -> list[str]:
+    """`level` requests in flight; at least `level` requests (the default set has 4 prompts)."""
+    if level == 1:
+        return [f"validation.repeats={c1_repeats}"]
+    return [f"validation.concurrency={level}", f"validation.repeats={max(1, level // 4)}"]
+
+
+def run_overhead(
+    lab: Lab, rounds: int, base: list[str], save: Callable[[], None]
+) -> list[dict[str, Any]]:
+    """shadow_linear's cost over DFLASH: both served at once on the attention target, their
+    validate passes interleaved (order alternating per round) at each concurrency, so drift of
+    the machine between passes falls on both alike."""
+    shared = ["model=lab_attention", *SHARED_GPU, *base]
+    pair = {algo: [*shared, f"algo={algo}", f"service.port={30000 + i}"]
+            for i, algo in enumerate(("dflash", "ddtree_shadow"))}  # fmt: skip
+    servers = {algo: lab.start(f"overhead-{algo}", o) for algo, o in pair.items()}
+    passes: list[dict[str, Any]] = []
+    try:
+        for algo, server in servers.items():
+            start_s, error = lab.wait(server)
+            if error is not None:
+                passes.append({"algo": algo, "start_error": error})
+                return passes
+            passes.append({"algo": algo, "start_s": start_s})
+        for rnd in range(rounds):
+            for level in OVERHEAD_CONCURRENCY:
+                # DFLASH first in round 0: its pass stores the baseline shadow_linear is held to.
+                order = ["dflash", "ddtree_shadow"][:: 1 if rnd % 2 == 0 else -1]
+                for algo in order:
+                    more = concurrency_overrides(level, c1_repeats=OVERHEAD_REPEATS_C1)
+                    name = f"overhead-r{rnd}-c{level}-{algo}"
+                    step = lab.tool(name, *pair[algo], *more, "action=validate")
+                    run = summarize(lab.last_report(), step.exit_code)
+                    passes.append({"algo": algo, "round": rnd, "concurrency": level, **run})
+            save()
+    finally:
+        for server in servers.values():
+            lab.stop(server)
+    return passes
+
+
+def run_tune(
+    lab: Lab, base: list[str], sweep: list[dict[str, Any]], save: Callable[[], None]
+) -> str:
+    """`action=tune`'s sweep with the lab as service manager (tune_lab.py says why): baselines
+    from linear DFlash at each concurrency, then each candidate served (TUNE_WAVE at a time)
+    and validated at each concurrency; tune_lab.py judges and tables it as the product does."""
+    shared = ["model=lab_attention", *SHARED_GPU, *base]
+    tune_lab = [str(lab.venv / "bin" / "python"), str(Path(__file__).with_name("tune_lab.py"))]
+    grid = json.loads(_run([*tune_lab, "grid", *lab._argv([*shared, "action=tune"])[1:]]))
+    levels: list[int] = grid["concurrency"]
+    baseline = lab.start("tune-dflash", [*shared, "algo=dflash"])
+    try:
+        _, error = lab.wait(baseline)
+        if error is not None:
+            raise SystemExit(f"the linear-DFlash baseline server did not start: {error[-600:]}")
+        for level in levels:
+            step = lab.tool(f"tune-baseline-c{level}", *shared, "algo=dflash",
+                            *concurrency_overrides(level), "action=validate")  # fmt: skip
+            if step.exit_code != 0:
+                raise SystemExit(f"the baseline at concurrency {level} failed: {step.tail[-600:]}")
+    finally:
+        lab.stop(baseline)
+    pending = [(int(b), int(k)) for b, k in grid["candidates"]]
+    while pending:
+        wave, pending = pending[:TUNE_WAVE], pending[TUNE_WAVE:]
+        served = []
+        for i, (budget, topk) in enumerate(wave):
+            overrides = [*shared, "algo=ddtree", f"algo.budget={budget}", f"algo.topk={topk}",
+                         f"service.port={30001 + i}"]  # fmt: skip
+            served.append((budget, topk, overrides, lab.start(f"tune-b{budget}k{topk}", overrides)))
+        try:
+            for budget, topk, overrides, server in served:
+                entry: dict[str, Any] = {"budget": budget, "topk": topk, "reports": {}}
+                entry["start_s"], entry["start_error"] = lab.wait(server)
+                if entry["start_error"] is None:
+                    for level in levels:
+                        lab.tool(f"tune-b{budget}k{topk}-c{level}", *overrides,
+                                 *concurrency_overrides(level), "action=validate")  # fmt: skip
+                        entry["reports"][str(level)] = lab.last_report()
+                sweep.append(entry)
+                save()
+        finally:
+            for *_, server in served:
+                lab.stop(server)
+    (lab.out / "tune-sweep.json").write_text(json.dumps(sweep))
+    report = _run([*tune_lab, "report", str(lab.out / "tune-sweep.json"), str(lab.out / "tune"),
+                   *lab._argv([*shared, "action=tune"])[1:]])  # fmt: skip
+    return report
 
 
 def _run(argv: list[str]) -> str:
@@ -282,79 +397,97 @@ def main() -> int:
         action="store_true",
         help="every cell with service.deterministic_inference=true",
     )
+    parser.add_argument("--budgets", default="", help="tree cells at these budgets, e.g. 15,31,63")
+    parser.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
+                        help="only the interleaved shadow_linear-vs-DFLASH overhead table")  # fmt: skip
+    parser.add_argument("--tune", action="store_true", help="only the tune sweep (attention)")
     args = parser.parse_args()
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
     args.out.mkdir(parents=True, exist_ok=True)
-    lab = Lab(args.root, args.out)
+    release = json.loads((args.bundle / "MANIFEST.json").read_text())["release"]
+    lab = Lab(args.root, args.out, release)
     began = time.monotonic()
-    print("> installing the bundle and the checkout", flush=True)
+    print(f"> installing the bundle (SGLang {release}) and the checkout", flush=True)
     lab.install(args.bundle, reuse=args.reuse)
+    lab.stop_stale()
     steps = [lab.tool(action, f"action={action}") for action in args.steps.split(",")]
+    results: dict[str, Any] = {"release": release, "steps": [asdict(s) for s in steps],
+                               "cells": [], "overhead": [], "tune": None}  # fmt: skip
     cells: list[Cell] = []
 
     def save() -> None:
         """After every cell: a call cut short still brings back what ran."""
-        results = {
-            "release": RELEASE,
-            "steps": [asdict(s) for s in steps],
-            "cells": [asdict(c) for c in cells],
-            "wall_s": round(time.monotonic() - began, 1),
-        }
+        results["cells"] = [asdict(c) for c in cells]
+        results["wall_s"] = round(time.monotonic() - began, 1)
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
         (args.out / "results.md").write_text(render_table(results))
         with tarfile.open(args.out / "logs.tar.gz", "w:gz") as archive:
             archive.add(lab.logs, "logs")
             archive.add(lab.runs, "runs")
 
-    labels = {"batch1": []} if args.quick else {"batch1": [], "batched": list(BATCHED)}
-    for target in args.targets.split(","):
-        for algo in args.algos.split(","):
-            more = dict(labels)
-            if target == "attention" and algo != "ddtree" and not args.quick:
-                more["c1"] = [f"validation.repeats={OVERHEAD_REPEATS_C1}"]
-                for c in OVERHEAD_CONCURRENCY[1:]:
-                    more[f"c{c}"] = [f"validation.concurrency={c}", f"validation.repeats={c // 4}"]
-            cells.append(run_cell(lab, target, algo, base, more))
-            save()
-        diverged = [
-            c
-            for c in cells[-3:]
-            if c.algo != "dflash" and any(r.get("divergence") for r in c.runs.values())
-        ]
-        if diverged and not args.deterministic:  # settle: the same pair in deterministic mode
-            cells.append(
-                run_cell(
-                    lab, target, "dflash", ["service.deterministic_inference=true"], {"batch1": []}
-                )
-            )
-            for cell in diverged:
-                cells.append(
-                    run_cell(
-                        lab,
-                        target,
-                        cell.algo,
-                        ["service.deterministic_inference=true"],
-                        {"batch1": []},
-                    )
-                )
-            save()
+    if args.overhead:
+        results["overhead"] = run_overhead(lab, args.overhead, base, save)
+    elif args.tune:
+        results["tune_sweep"] = []
+        results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
+    else:
+        run_matrix(lab, args, base, cells, save)
     save()
     print((args.out / "results.md").read_text())
     return 0
 
 
+def run_matrix(
+    lab: Lab, args: argparse.Namespace, base: list[str], cells: list[Cell], save: Callable[[], None]
+) -> None:
+    """Every target x algorithm (a tree cell per budget of --budgets), batch 1 and batched; a
+    cell whose tokens differ from DFLASH's is settled by the same pair in deterministic mode."""
+    labels = {"batch1": []} if args.quick else {"batch1": [], "batched": list(BATCHED)}
+    budgets = [[f"algo.budget={b}"] for b in args.budgets.split(",") if b] or [[]]
+    for target in args.targets.split(","):
+        first = len(cells)
+        for algo in args.algos.split(","):
+            for width in budgets if algo == "ddtree" else [[]]:
+                cells.append(run_cell(lab, target, algo, [*base, *width], dict(labels)))
+                save()
+        diverged = [
+            c
+            for c in cells[first:]
+            if c.algo != "dflash" and any(r.get("divergence") for r in c.runs.values())
+        ]
+        if diverged and not args.deterministic:
+            strict = ["service.deterministic_inference=true"]
+            cells.append(run_cell(lab, target, "dflash", strict, {"batch1": []}))
+            for cell in diverged:
+                cells.append(
+                    run_cell(lab, target, cell.algo, [*strict, *cell.extra], {"batch1": []})
+                )
+            save()
+
+
 def render_table(results: dict[str, Any]) -> str:
-    lines = [f"# GPU lab, SGLang {results['release']} ({results['wall_s']} s)", ""]
+    lines = [f"# GPU lab, SGLang {results['release']} ({results.get('wall_s')} s)", ""]
     lines += ["| step | exit | s |", "|---|---|---|"]
     lines += [f"| {s['name']} | {s['exit_code']} | {s['wall_s']} |" for s in results["steps"]]
-    lines += ["", "| target | algo | run | start s | gates | exit | first divergence | accept | tok/s | step ms |",
-              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for cell in results["cells"]:
+    if results["cells"]:
+        lines += ["", *matrix_table(results["cells"])]
+    if results.get("overhead"):
+        lines += ["", *overhead_table(results["overhead"])]
+    if results.get("tune"):
+        lines += ["", results["tune"]]
+    return "\n".join(lines) + "\n"
+
+
+def matrix_table(cells: list[dict[str, Any]]) -> list[str]:
+    lines = ["| target | algo | run | start s | gates | exit | first divergence | accept | tok/s | step ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for cell in cells:
+        algo = " ".join([cell["algo"], *[e.split("=")[-1] for e in cell.get("extra", [])]])
         if cell["start_error"]:
             lines.append(
-                f"| {cell['target']} | {cell['algo']} | - | failed | {cell['start_error'][-120:]!r} | | | | | |"
+                f"| {cell['target']} | {algo} | - | failed | {cell['start_error'][-120:]!r} | | | | | |"
             )
             continue
         for label, run in cell["runs"].items():
@@ -362,10 +495,41 @@ def render_table(results: dict[str, Any]) -> str:
             div = run.get("divergence")
             where = f"{div['prompt']}@{div['position']}" if div else "none"
             lines.append(
-                f"| {cell['target']} | {cell['algo']} | {label} | {cell['start_s']} | {gates} | {run['exit']} "
+                f"| {cell['target']} | {algo} | {label} | {cell['start_s']} | {gates} | {run['exit']} "
                 f"| {where} | {run.get('accept_length')} | {run.get('tokens_per_s')} | {run.get('step_ms')} |"
             )  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
+    """Per concurrency: each algorithm's tok/s pass by pass, and shadow_linear / DFLASH as the
+    ratio of medians and the median of the rounds' paired ratios."""
+    broken = [p for p in passes if p.get("start_error")]
+    if broken:
+        return [
+            f"overhead: the {p['algo']} server did not start: {p['start_error'][-300:]!r}"
+            for p in broken
+        ]
+    lines = ["| in flight | DFLASH tok/s by round | shadow_linear tok/s by round | shadow gates | "
+             "ratio of medians | median paired ratio |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for level in OVERHEAD_CONCURRENCY:
+        runs = {algo: {p["round"]: p for p in passes if p.get("concurrency") == level and p["algo"] == algo}
+                for algo in ("dflash", "ddtree_shadow")}  # fmt: skip
+        speeds = {
+            a: [r.get("tokens_per_s") for _, r in sorted(rs.items())] for a, rs in runs.items()
+        }
+        if not all(speeds.values()) or None in speeds["dflash"] + speeds["ddtree_shadow"]:
+            continue
+        paired = [runs["ddtree_shadow"][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"]
+                  for r in runs["dflash"] if r in runs["ddtree_shadow"]]  # fmt: skip
+        verdicts = {o for r in runs["ddtree_shadow"].values() for g, o in r["gates"].items()
+                    if g == "shadow_linear"}  # fmt: skip
+        lines.append(
+            f"| {level} | {speeds['dflash']} | {speeds['ddtree_shadow']} | {','.join(sorted(verdicts))} "
+            f"| {statistics.median(speeds['ddtree_shadow']) / statistics.median(speeds['dflash']):.3f} "
+            f"| {statistics.median(paired):.3f} |"
+        )  # fmt: skip
+    return lines
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpulab.run import render_table, summarize
+from gpulab.run import overhead_table, render_table, summarize
 
 RECORDED = Path(__file__).with_name("recorded")
 
@@ -49,3 +49,18 @@ def test_table_names_the_diverging_cell() -> None:
         in table
     )
     assert "| hybrid | dflash | - | failed | 'boom' |" in table
+
+
+def test_overhead_table_pairs_the_rounds() -> None:
+    def one(algo: str, rnd: int, level: int, tps: float) -> dict[str, object]:
+        gates = {"shadow_linear": "passed"} if algo == "ddtree_shadow" else {"baseline": "passed"}
+        return {"algo": algo, "round": rnd, "concurrency": level, "tokens_per_s": tps, "gates": gates}
+
+    passes = [
+        one("dflash", 0, 1, 100.0), one("ddtree_shadow", 0, 1, 95.0),
+        one("ddtree_shadow", 1, 1, 90.0), one("dflash", 1, 1, 80.0),
+        one("dflash", 2, 1, 110.0), one("ddtree_shadow", 2, 1, 99.0),
+    ]  # fmt: skip
+    (row,) = overhead_table(passes)[2:]
+    # medians 100 vs 95 -> 0.950; paired ratios 0.95, 1.125, 0.9 -> median 0.950
+    assert row == "| 1 | [100.0, 80.0, 110.0] | [95.0, 90.0, 99.0] | passed | 0.950 | 0.950 |"

@@ -108,3 +108,11 @@ def test_deterministic_inference_is_one_flag() -> None:
     strict = render_service(compose_config([*base, "service.deterministic_inference=true"]), None)
     assert "--enable-deterministic-inference" not in plain
     assert [a for a in strict.argv if a not in plain] == ["--enable-deterministic-inference"]
+
+
+def test_kv_pool_cap_is_one_flag_pair() -> None:
+    base = ["host=ct200", "algo=dflash"]
+    plain = render_service(compose_config(base), None).argv
+    capped = render_service(compose_config([*base, "service.max_total_tokens=65536"]), None).argv
+    assert "--max-total-tokens" not in plain
+    assert [a for a in capped if a not in plain] == ["--max-total-tokens", "65536"]
