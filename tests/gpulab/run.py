@@ -55,7 +55,7 @@ START_TIMEOUT_S = 420
 # Servers that share the GPU (overhead pairs, tune waves): each caps its KV pool, so one's start
 # does not see the others' pools as used memory and refuse (SGLang sizes the pool from free memory).
 SHARED_GPU = ("service.mem_fraction_static=0.8", "service.max_total_tokens=131072")
-TUNE_WAVE = 3  # tune candidates served at once
+TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
 
 
 @dataclass
@@ -66,6 +66,13 @@ class StepRun:
     exit_code: int
     wall_s: float
     tail: str
+    began: float  # time.time() at its start
+
+    def report(self, runs: Path) -> dict[str, Any] | None:
+        """The run report this call wrote (None when it wrote none)."""
+        reports = [p for p in runs.glob("*/report.json") if p.stat().st_mtime >= self.began]
+        newest = max(reports, key=lambda p: p.stat().st_mtime, default=None)
+        return json.loads(newest.read_text()) if newest else None
 
 
 @dataclass
@@ -92,14 +99,15 @@ class Lab:
 
     # -- setup ---------------------------------------------------------------------------------
 
-    def install(self, bundle: Path, *, reuse: bool) -> None:
+    def install(self, bundle: Path, *, reuse: bool) -> bool:
         """The bundle's wheels, the trimmed sglang-kernel and this checkout, into one venv.
 
-        `reuse` keeps a root an earlier call on the same (still warm) machine installed.
+        `reuse` keeps a root an earlier call on the same (still warm) machine installed; True
+        when it did.
         """
         done = self.root / "installed"
         if reuse and done.exists():
-            return
+            return True
         if self.root.exists():
             shutil.rmtree(self.root)
         for path in (self.runs, self.logs):
@@ -122,6 +130,7 @@ class Lab:
         _run([str(self.venv / "bin" / "python"), str(Path(__file__).with_name("models.py")),
               str(self.root / "models")])  # fmt: skip
         done.write_text("ok\n")
+        return False
 
     # -- the product ---------------------------------------------------------------------------
 
@@ -135,13 +144,13 @@ class Lab:
     def tool(self, name: str, *overrides: str) -> StepRun:
         """Run `ddtree-deploy` on the lab host; never raises on a non-zero exit."""
         argv = self._argv(overrides)
-        start = time.monotonic()
+        began, start = time.time(), time.monotonic()
         proc = subprocess.run(argv, env=self.env, capture_output=True, text=True)
         wall = time.monotonic() - start
         text = proc.stdout + proc.stderr
         (self.logs / f"{name}.log").write_text(" ".join(argv) + "\n" + text)
         print(f"> {name}: exit {proc.returncode} in {wall:.0f} s", flush=True)
-        return StepRun(name, proc.returncode, round(wall, 1), text[-1500:])
+        return StepRun(name, proc.returncode, round(wall, 1), text[-1500:], began)
 
     def rendered(self, overrides: list[str]) -> dict[str, Any]:
         """The argv and environment the product renders for this config."""
@@ -149,10 +158,6 @@ class Lab:
         out = subprocess.run(argv, env=self.env, capture_output=True, text=True, check=True)
         data: dict[str, Any] = json.loads(out.stdout)
         return data
-
-    def last_report(self) -> dict[str, Any] | None:
-        reports = sorted(self.runs.glob("*-validate*/report.json"), key=lambda p: p.stat().st_mtime)
-        return json.loads(reports[-1].read_text()) if reports else None
 
     # -- servers -------------------------------------------------------------------------------
 
@@ -273,7 +278,7 @@ def run_cell(
     try:
         for label, more in labels.items():
             step = lab.tool(f"validate-{name}-{label}", *overrides, *more, "action=validate")
-            cell.runs[label] = summarize(lab.last_report(), step.exit_code)
+            cell.runs[label] = summarize(step.report(lab.runs), step.exit_code)
     finally:
         lab.stop(server)
     return cell
@@ -312,7 +317,7 @@ def run_overhead(
                     more = concurrency_overrides(level, c1_repeats=OVERHEAD_REPEATS_C1)
                     name = f"overhead-r{rnd}-c{level}-{algo}"
                     step = lab.tool(name, *pair[algo], *more, "action=validate")
-                    run = summarize(lab.last_report(), step.exit_code)
+                    run = summarize(step.report(lab.runs), step.exit_code)
                     passes.append({"algo": algo, "round": rnd, "concurrency": level, **run})
             save()
     finally:
@@ -357,9 +362,9 @@ def run_tune(
                 entry["start_s"], entry["start_error"] = lab.wait(server)
                 if entry["start_error"] is None:
                     for level in levels:
-                        lab.tool(f"tune-b{budget}k{topk}-c{level}", *overrides,
-                                 *concurrency_overrides(level), "action=validate")  # fmt: skip
-                        entry["reports"][str(level)] = lab.last_report()
+                        step = lab.tool(f"tune-b{budget}k{topk}-c{level}", *overrides,
+                                        *concurrency_overrides(level), "action=validate")  # fmt: skip
+                        entry["reports"][str(level)] = step.report(lab.runs)
                 sweep.append(entry)
                 save()
         finally:
@@ -389,7 +394,9 @@ def main() -> int:
     parser.add_argument("--root", type=Path, default=Path("/tmp/ddtree-lab"))
     parser.add_argument("--targets", default="attention,hybrid")
     parser.add_argument("--algos", default=",".join(ALGOS), help="dflash must come first")
-    parser.add_argument("--steps", default="plan,patch,audit,build-kernels")
+    parser.add_argument(
+        "--steps", help="default: plan on a reused root, else plan,patch,audit,build-kernels"
+    )
     parser.add_argument("--quick", action="store_true", help="batch 1 only, no overhead table")
     parser.add_argument("--reuse", action="store_true", help="keep an installed --root")
     parser.add_argument(
@@ -410,9 +417,10 @@ def main() -> int:
     lab = Lab(args.root, args.out, release)
     began = time.monotonic()
     print(f"> installing the bundle (SGLang {release}) and the checkout", flush=True)
-    lab.install(args.bundle, reuse=args.reuse)
+    reused = lab.install(args.bundle, reuse=args.reuse)
     lab.stop_stale()
-    steps = [lab.tool(action, f"action={action}") for action in args.steps.split(",")]
+    actions = args.steps or ("plan" if reused else "plan,patch,audit,build-kernels")
+    steps = [lab.tool(action, f"action={action}") for action in actions.split(",")]
     results: dict[str, Any] = {"release": release, "steps": [asdict(s) for s in steps],
                                "cells": [], "overhead": [], "tune": None}  # fmt: skip
     cells: list[Cell] = []

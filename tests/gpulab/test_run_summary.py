@@ -54,7 +54,13 @@ def test_table_names_the_diverging_cell() -> None:
 def test_overhead_table_pairs_the_rounds() -> None:
     def one(algo: str, rnd: int, level: int, tps: float) -> dict[str, object]:
         gates = {"shadow_linear": "passed"} if algo == "ddtree_shadow" else {"baseline": "passed"}
-        return {"algo": algo, "round": rnd, "concurrency": level, "tokens_per_s": tps, "gates": gates}
+        return {
+            "algo": algo,
+            "round": rnd,
+            "concurrency": level,
+            "tokens_per_s": tps,
+            "gates": gates,
+        }
 
     passes = [
         one("dflash", 0, 1, 100.0), one("ddtree_shadow", 0, 1, 95.0),
