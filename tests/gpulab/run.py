@@ -292,8 +292,8 @@ def concurrency_overrides(level: int, *, c1_repeats: int = 4) -> list[str]:
 
 
 def run_overhead(
-    lab: Lab, rounds: int, base: list[str], save: Callable[[], None]
-) -> list[dict[str, Any]]:
+    lab: Lab, rounds: int, base: list[str], passes: list[dict[str, Any]], save: Callable[[], None]
+) -> None:
     """shadow_linear's cost over DFLASH: both served at once on the attention target, their
     validate passes interleaved (order alternating per round) at each concurrency, so drift of
     the machine between passes falls on both alike."""
@@ -301,13 +301,12 @@ def run_overhead(
     pair = {algo: [*shared, f"algo={algo}", f"service.port={30000 + i}"]
             for i, algo in enumerate(("dflash", "ddtree_shadow"))}  # fmt: skip
     servers = {algo: lab.start(f"overhead-{algo}", o) for algo, o in pair.items()}
-    passes: list[dict[str, Any]] = []
     try:
         for algo, server in servers.items():
             start_s, error = lab.wait(server)
             if error is not None:
                 passes.append({"algo": algo, "start_error": error})
-                return passes
+                return
             passes.append({"algo": algo, "start_s": start_s})
         for rnd in range(rounds):
             for level in OVERHEAD_CONCURRENCY:
@@ -323,7 +322,6 @@ def run_overhead(
     finally:
         for server in servers.values():
             lab.stop(server)
-    return passes
 
 
 def run_tune(
@@ -357,9 +355,12 @@ def run_tune(
                          f"service.port={30001 + i}"]  # fmt: skip
             served.append((budget, topk, overrides, lab.start(f"tune-b{budget}k{topk}", overrides)))
         try:
-            for budget, topk, overrides, server in served:
-                entry: dict[str, Any] = {"budget": budget, "topk": topk, "reports": {}}
-                entry["start_s"], entry["start_error"] = lab.wait(server)
+            entries = []
+            for budget, topk, _, server in served:  # all healthy first: true start times
+                start_s, start_error = lab.wait(server)
+                entries.append({"budget": budget, "topk": topk, "start_s": start_s,
+                                "start_error": start_error, "reports": {}})  # fmt: skip
+            for entry, (budget, topk, overrides, _) in zip(entries, served, strict=True):
                 if entry["start_error"] is None:
                     for level in levels:
                         step = lab.tool(f"tune-b{budget}k{topk}-c{level}", *overrides,
@@ -436,7 +437,7 @@ def main() -> int:
             archive.add(lab.runs, "runs")
 
     if args.overhead:
-        results["overhead"] = run_overhead(lab, args.overhead, base, save)
+        run_overhead(lab, args.overhead, base, results["overhead"], save)
     elif args.tune:
         results["tune_sweep"] = []
         results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
@@ -510,33 +511,33 @@ def matrix_table(cells: list[dict[str, Any]]) -> list[str]:
 
 
 def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
-    """Per concurrency: each algorithm's tok/s pass by pass, and shadow_linear / DFLASH as the
-    ratio of medians and the median of the rounds' paired ratios."""
+    """Per concurrency: each algorithm's tok/s and step ms round by round, and shadow_linear /
+    DFLASH as the median of the rounds' paired tok/s ratios. Round 0 is shown but left out of
+    the ratio when later rounds exist: it is the first request of each batch shape on a fresh
+    server (Triton compiles its kernels then)."""
     broken = [p for p in passes if p.get("start_error")]
     if broken:
-        return [
-            f"overhead: the {p['algo']} server did not start: {p['start_error'][-300:]!r}"
-            for p in broken
-        ]
-    lines = ["| in flight | DFLASH tok/s by round | shadow_linear tok/s by round | shadow gates | "
-             "ratio of medians | median paired ratio |", "|---|---|---|---|---|---|"]  # fmt: skip
+        return [f"overhead: the {p['algo']} server did not start: {p['start_error'][-300:]!r}"
+                for p in broken]  # fmt: skip
+    lines = ["| in flight | DFLASH tok/s (step ms) by round | shadow_linear tok/s (step ms) by round "
+             "| shadow gate | shadow / DFLASH (median of paired rounds) |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for level in OVERHEAD_CONCURRENCY:
-        runs = {algo: {p["round"]: p for p in passes if p.get("concurrency") == level and p["algo"] == algo}
+        runs = {algo: {p["round"]: p for p in passes
+                       if p.get("concurrency") == level and p["algo"] == algo and p.get("tokens_per_s")}
                 for algo in ("dflash", "ddtree_shadow")}  # fmt: skip
-        speeds = {
-            a: [r.get("tokens_per_s") for _, r in sorted(rs.items())] for a, rs in runs.items()
-        }
-        if not all(speeds.values()) or None in speeds["dflash"] + speeds["ddtree_shadow"]:
+        rounds = sorted(set(runs["dflash"]) & set(runs["ddtree_shadow"]))
+        if not rounds:
             continue
-        paired = [runs["ddtree_shadow"][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"]
-                  for r in runs["dflash"] if r in runs["ddtree_shadow"]]  # fmt: skip
-        verdicts = {o for r in runs["ddtree_shadow"].values() for g, o in r["gates"].items()
-                    if g == "shadow_linear"}  # fmt: skip
-        lines.append(
-            f"| {level} | {speeds['dflash']} | {speeds['ddtree_shadow']} | {','.join(sorted(verdicts))} "
-            f"| {statistics.median(speeds['ddtree_shadow']) / statistics.median(speeds['dflash']):.3f} "
-            f"| {statistics.median(paired):.3f} |"
+        warm = [r for r in rounds if r > 0] or rounds
+        ratio = statistics.median(
+            runs["ddtree_shadow"][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"] for r in warm
         )  # fmt: skip
+        shown = {a: ", ".join(f"{runs[a][r]['tokens_per_s']} ({runs[a][r].get('step_ms')})" for r in rounds)
+                 for a in runs}  # fmt: skip
+        verdicts = {runs["ddtree_shadow"][r]["gates"].get("shadow_linear", "-") for r in rounds}
+        lines.append(f"| {level} | {shown['dflash']} | {shown['ddtree_shadow']} "
+                     f"| {','.join(sorted(verdicts))} | {ratio:.3f} |")  # fmt: skip
     return lines
 
 
