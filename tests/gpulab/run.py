@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,27 +261,60 @@ def summarize(report: dict[str, Any] | None, exit_code: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run_cell(
-    lab: Lab, target: str, algo: str, extra: list[str], labels: dict[str, list[str]]
-) -> Cell:
-    """Start one server and run each validate pass in `labels` (label -> overrides) against it."""
+def cell_overrides(target: str, algo: str, extra: list[str]) -> list[str]:
     overrides = [f"model=lab_{target}", f"algo={algo}", *extra]
     if target == "hybrid" and algo == "ddtree":
         overrides.append("algo.allow_hybrid_unsafe=true")  # what the lab is here to prove
-    cell = Cell(target, algo, [e for e in extra if not e.startswith("service.deterministic")])
-    name = "-".join([target, algo, *[e.split("=")[-1] for e in extra]])
-    server = lab.start(name, overrides)
-    cell.start_s, cell.start_error = lab.wait(server)
-    if cell.start_error is not None:
-        print(f"> {name}: server did not start: {cell.start_error[-300:]}", flush=True)
-        return cell
+    return overrides
+
+
+def run_cells(
+    lab: Lab,
+    target: str,
+    specs: list[tuple[str, list[str]]],
+    labels: dict[str, list[str]],
+    *,
+    together: bool = False,
+) -> Iterator[Cell]:
+    """Serve each (algo, extra overrides) and run each validate pass in `labels` (label ->
+    overrides) against it, in order (DFLASH first: its pass stores the baseline). One server at
+    a time, or with `together` all at once on their own ports (SHARED_GPU), which saves the
+    starts; the passes still run one after another."""
+    cells = [Cell(target, algo, [e for e in extra if not e.startswith("service.deterministic")])
+             for algo, extra in specs]  # fmt: skip
+    overrides = [cell_overrides(target, algo, extra) for algo, extra in specs]
+    if together:
+        overrides = [
+            [*o, *SHARED_GPU, f"service.port={30000 + i}"] for i, o in enumerate(overrides)
+        ]
+    names = ["-".join([target, algo, *[e.split("=")[-1] for e in extra]]) for algo, extra in specs]
+    started: dict[int, Server] = {}
     try:
-        for label, more in labels.items():
-            step = lab.tool(f"validate-{name}-{label}", *overrides, *more, "action=validate")
-            cell.runs[label] = summarize(step.report(lab.runs), step.exit_code)
+        if together:
+            started = {
+                i: lab.start(name, o)
+                for i, (name, o) in enumerate(zip(names, overrides, strict=True))
+            }
+            for i, cell in enumerate(cells):  # all healthy first: true start times
+                cell.start_s, cell.start_error = lab.wait(started[i])
+        for i, cell in enumerate(cells):
+            if not together:
+                started[i] = lab.start(names[i], overrides[i])
+                cell.start_s, cell.start_error = lab.wait(started[i])
+            if cell.start_error is not None:
+                print(f"> {names[i]}: server did not start: {cell.start_error[-300:]}", flush=True)
+            else:
+                for label, more in labels.items():
+                    step = lab.tool(
+                        f"validate-{names[i]}-{label}", *overrides[i], *more, "action=validate"
+                    )
+                    cell.runs[label] = summarize(step.report(lab.runs), step.exit_code)
+            if not together:
+                lab.stop(started.pop(i))
+            yield cell
     finally:
-        lab.stop(server)
-    return cell
+        for server in started.values():
+            lab.stop(server)
 
 
 def concurrency_overrides(level: int, *, c1_repeats: int = 4) -> list[str]:
@@ -409,6 +442,9 @@ def main() -> int:
     parser.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
                         help="only the interleaved shadow_linear-vs-DFLASH overhead table")  # fmt: skip
     parser.add_argument("--tune", action="store_true", help="only the tune sweep (attention)")
+    parser.add_argument(
+        "--together", default="", help="targets whose cells are served at once, e.g. attention"
+    )
     args = parser.parse_args()
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
@@ -455,12 +491,14 @@ def run_matrix(
     cell whose tokens differ from DFLASH's is settled by the same pair in deterministic mode."""
     labels = {"batch1": []} if args.quick else {"batch1": [], "batched": list(BATCHED)}
     budgets = [[f"algo.budget={b}"] for b in args.budgets.split(",") if b] or [[]]
+    together = set(args.together.split(",")) if args.together else set()
     for target in args.targets.split(","):
         first = len(cells)
-        for algo in args.algos.split(","):
-            for width in budgets if algo == "ddtree" else [[]]:
-                cells.append(run_cell(lab, target, algo, [*base, *width], dict(labels)))
-                save()
+        specs = [(algo, [*base, *width]) for algo in args.algos.split(",")
+                 for width in (budgets if algo == "ddtree" else [[]])]  # fmt: skip
+        for cell in run_cells(lab, target, specs, dict(labels), together=target in together):
+            cells.append(cell)
+            save()
         diverged = [
             c
             for c in cells[first:]
@@ -468,11 +506,8 @@ def run_matrix(
         ]
         if diverged and not args.deterministic:
             strict = ["service.deterministic_inference=true"]
-            cells.append(run_cell(lab, target, "dflash", strict, {"batch1": []}))
-            for cell in diverged:
-                cells.append(
-                    run_cell(lab, target, cell.algo, [*strict, *cell.extra], {"batch1": []})
-                )
+            settle = [("dflash", strict), *[(c.algo, [*strict, *c.extra]) for c in diverged]]
+            cells.extend(run_cells(lab, target, settle, {"batch1": []}))
             save()
 
 
