@@ -1,0 +1,303 @@
+"""Checks of the 0.5.14 DDTREE verify path, run inside the SGLang 0.5.14 staging venv.
+
+Run as `python checks_0514.py NAME|all` with the patched `sglang/` first on PYTHONPATH, then its
+parent folder (`worker_v2_checks.py`: the checks every worker-v2 release shares) and `kernels/`
+(ddtree_kernels, its pure-torch reference on CPU). Prints one `@@JSON@@` line per check; the
+pytest side (test_verify_path_worker_v2.py, test_verify_path_0514.py) asserts on it. The worker
+checks return the same keys as 0.5.23's, so the shared tests hold both releases to one promise.
+
+Real: the DFlashWorkerV2 methods the 0.5.14 patches add or change, called unbound, DFlash's own
+greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch version the
+worker falls back to), and the linear-attention backend's DDTREE predicate. TEST DOUBLES,
+because the real objects need a GPU or a scheduler: `SimpleNamespace` workers standing in for a
+DFlashWorkerV2 instance (only the attributes each method reads), `Group` (TP ranks as threads),
+the TP-group getter and a recording attention backend.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import sglang.srt.speculative.dflash_utils as U
+import sglang.srt.speculative.dflash_worker_v2 as W
+import torch
+from ddtree_kernels import ops
+from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from worker_v2_checks import (
+    CHECKS,
+    Group,
+    branching_case,
+    check,
+    ddtree_spec,
+    patched,
+    plain_topk,
+    run_forked,
+    same,
+)
+
+
+def _dflash_out_tokens(candidates, accept_len, bonus):
+    """DFLASH's out tokens and commit lengths as 0.5.14's worker writes them (its eager accept
+    path): the drafts after the root, the bonus scattered at position accept_len."""
+    bs, block = candidates.shape
+    out = torch.zeros((bs, block), dtype=torch.int64)
+    out[:, : block - 1].copy_(candidates[:, 1:])
+    out.scatter_(1, accept_len.to(torch.int64)[:, None], bonus.to(torch.int64)[:, None])
+    return out, accept_len.to(torch.int32) + 1
+
+
+def _argmax_logits(target: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Verify logits [bs * B, vocab] whose argmax is `target` [bs, B]."""
+    logits = torch.full((target.numel(), vocab), -5.0)
+    logits[torch.arange(target.numel()), target.reshape(-1)] = 5.0
+    return logits
+
+
+def _accept(worker, tree, logits, prefix, bs):
+    return W.DFlashWorkerV2._ddtree_accept_block(
+        worker, tree=tree, next_token_logits=logits, sampling_info=None, draft_input=None,
+        prefix_lens=prefix, bs=bs,
+    )  # fmt: skip
+
+
+@check
+def shadow_linear_equals_dflash():
+    bs, block, hidden_size, vocab = 6, 8, 16, 40
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    # Exact ties in the draft head: DFlash's argmax decides, shadow_linear must keep it.
+    weight[5] = weight[9]
+    lm_head = SimpleNamespace(weight=weight)
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
+    draft_hidden[0, 1] = weight[5] * 4  # rows 5 and 9 tie at the top
+    worker = SimpleNamespace(block_size=block, _ddtree_ops=ops)
+    dflash_next = W.DFlashWorkerV2._greedy_sample_from_vocab_parallel_head(
+        worker, hidden_states=draft_hidden[:, 1:].reshape(-1, hidden_size), lm_head=lm_head
+    ).view(bs, block - 1)
+    roots = torch.randint(0, vocab, (bs,), generator=g)
+    candidates = torch.cat([roots[:, None], dflash_next], dim=1)
+    # Target argmax: matches the chain for a per-request number of steps, then differs.
+    target = torch.randint(0, vocab, (bs, block), generator=g)
+    agree = [0, 1, 3, 7, 2, 5]
+    for b, a in enumerate(agree):
+        target[b, :a] = candidates[b, 1 : a + 1]
+        if a < block - 1:
+            target[b, a] = (candidates[b, a + 1] + 1) % vocab
+    prefix = torch.tensor([3, 10, 0, 7, 2, 30])
+
+    d_len, d_bonus = U.compute_dflash_correct_drafts_and_bonus(
+        candidates=candidates, target_predict=target
+    )
+    d_out, d_commit = _dflash_out_tokens(candidates, d_len, d_bonus)
+
+    tree = U.ddtree_chain_tree(candidates, prefix)
+    t_len, t_commit, t_bonus, t_out, t_seq, accept_index = _accept(
+        worker, tree, _argmax_logits(target, vocab), prefix, bs
+    )
+    cache_loc = torch.arange(bs * block).view(bs, block) + 200
+    commit = ops.commit_indices(accept_index, cache_loc)
+    committed_equal = all(
+        t_out[b, : int(d_commit[b])].tolist() == d_out[b, : int(d_commit[b])].tolist()
+        for b in range(bs)
+    )
+    return {
+        "tie_row_token": int(dflash_next[0, 0]),
+        "draft_chain_is_dflash": same(tree.tokens, candidates),
+        "causal_chain": same(
+            tree.ancestor_mask,
+            torch.tril(torch.ones(block, block, dtype=torch.bool)).expand(bs, -1, -1),
+        ),
+        "positions_consecutive": same(tree.positions, prefix[:, None] + torch.arange(block)),
+        "accept_len_equal": same(t_len, d_len.to(t_len.dtype)),
+        "commit_lens_equal": same(t_commit, d_commit),
+        "bonus_equal": same(t_bonus, d_bonus.to(torch.int64)),
+        "committed_tokens_equal": committed_equal,
+        "new_seq_lens_equal": same(t_seq, prefix + d_commit.to(prefix.dtype)),
+        "commit_is_identity": same(commit.src[commit.src >= 0], commit.dst[commit.dst >= 0]),
+        "accept_lens": d_commit.tolist(),
+    }
+
+
+def _init(server_args, *, hybrid=False):
+    worker = SimpleNamespace(
+        server_args=server_args, block_size=8, tp_rank=1,
+        model_runner=SimpleNamespace(mambaish_config=object() if hybrid else None),
+    )  # fmt: skip
+    try:
+        W.DFlashWorkerV2._init_ddtree(worker)
+    except Exception as e:  # reported, asserted on by the test
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {
+        "mode": worker._ddtree_mode,
+        "budget": worker._ddtree_budget,
+        "topk": worker._ddtree_topk,
+        "ops_loaded": worker._ddtree_ops is ops,
+    }
+
+
+@check
+def worker_init():
+    def missing_kernels():
+        saved = sys.modules.get("ddtree_kernels")
+        sys.modules["ddtree_kernels"] = None  # import now raises ImportError
+        try:
+            return U.load_ddtree_kernels()
+        finally:
+            sys.modules["ddtree_kernels"] = saved
+
+    with patched(W, load_ddtree_kernels=missing_kernels):
+        blocked = _init(ddtree_spec())
+    return {
+        "tree": _init(ddtree_spec()),
+        "shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear")),
+        "hybrid_tree": _init(ddtree_spec(), hybrid=True),
+        "hybrid_tree_allowed": _init(
+            ddtree_spec(speculative_ddtree_allow_hybrid_unsafe=True), hybrid=True
+        ),
+        "hybrid_shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear"), hybrid=True),
+        "budget_too_big": _init(ddtree_spec(speculative_ddtree_budget=8)),
+        "no_kernels": blocked,
+        "algorithm_ddtree": bool(SpeculativeAlgorithm.DDTREE.is_ddtree()),
+    }
+
+
+@check
+def worker_propose_tree():
+    bs, block, hidden_size, vocab, tp = 3, 8, 16, 64, 2
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
+    roots = torch.tensor([1, 2, 3])
+    prefix = torch.tensor([4, 9, 2])
+    host_lens = SimpleNamespace(planning_seq_lens_cpu=None, reserved_seq_lens_cpu=None)
+    batch = SimpleNamespace(seq_lens_cpu=prefix.clone())
+    worker = SimpleNamespace(_ddtree_topk=3, _ddtree_budget=block - 1)
+    kwargs = dict(draft_hidden=draft_hidden, root_tokens=roots, prefix_lens=prefix,
+                  model_worker_batch=batch, draft_input=host_lens)  # fmt: skip
+
+    # The definition: full-vocab top-k log-probs, then the kernels' tree with its mask.
+    ref_logp, ref_ids = plain_topk(draft_hidden[:, 1:].reshape(-1, hidden_size), weight, 3)
+    ref = ops.build_tree(
+        ref_logp.view(bs, block - 1, 3), ref_ids.view(bs, block - 1, 3), roots, prefix,
+        block - 1, int(prefix.sum()),
+    )  # fmt: skip
+
+    single = SimpleNamespace(world_size=1)
+    with patched(W, get_tp_group=lambda: single):
+        tree1 = W.DFlashWorkerV2._ddtree_propose_tree(
+            worker, lm_head=SimpleNamespace(weight=weight), **kwargs
+        )
+
+    group = Group(tp)
+    shard = vocab // tp
+
+    def rank(r: int):
+        head = SimpleNamespace(
+            weight=weight[r * shard : (r + 1) * shard],
+            shard_indices=SimpleNamespace(
+                num_org_elements=shard, org_vocab_start_index=r * shard, num_added_elements=0
+            ),
+        )
+        return W.DFlashWorkerV2._ddtree_propose_tree(worker, lm_head=head, **kwargs)
+
+    with patched(W, get_tp_group=lambda: group):
+        trees = group.run(rank)
+
+    # Under overlap the host holds the planning upper bound of the prefix lengths only.
+    planning = SimpleNamespace(
+        planning_seq_lens_cpu=prefix + 2 * block,
+        planning_seq_lens_sum=int(prefix.sum()) + 3 * 2 * block,
+        reserved_seq_lens_cpu=None,
+    )
+    with patched(W, get_tp_group=lambda: single):
+        tree_overlap = W.DFlashWorkerV2._ddtree_propose_tree(
+            worker, lm_head=SimpleNamespace(weight=weight),
+            **{**kwargs, "model_worker_batch": SimpleNamespace(seq_lens_cpu=None),
+               "draft_input": planning},
+        )  # fmt: skip
+    exact = ref.custom_mask.numel()
+    added = SimpleNamespace(
+        weight=weight,
+        shard_indices=SimpleNamespace(
+            num_org_elements=vocab, org_vocab_start_index=0, num_added_elements=2
+        ),
+    )
+    with patched(W, get_tp_group=lambda: single):
+        try:
+            W.DFlashWorkerV2._ddtree_propose_tree(worker, lm_head=added, **kwargs)
+            added_error = ""
+        except RuntimeError as e:
+            added_error = str(e)
+    return {
+        "tp1_tokens_equal": same(tree1.tokens, ref.tokens),
+        "tp1_mask_equal": same(tree1.custom_mask, ref.custom_mask),
+        "tp1_positions_equal": same(tree1.positions, ref.positions),
+        "tp_ranks_agree": all(same(t.tokens, trees[0].tokens) for t in trees),
+        "tp_tokens_equal": same(trees[0].tokens, ref.tokens),
+        "overlap_mask_prefix_equal": same(tree_overlap.custom_mask[:exact], ref.custom_mask),
+        "overlap_mask_longer": tree_overlap.custom_mask.numel() > exact,
+        "added_vocab_error": added_error,
+    }
+
+
+@check
+def worker_accept_tree_greedy():
+    tokens, parents, target = branching_case()
+    width = tokens.shape[1]
+    tree = SimpleNamespace(tokens=tokens, parents=parents)
+    worker = SimpleNamespace(block_size=width, _ddtree_ops=ops)
+    out = _accept(worker, tree, _argmax_logits(target, 100), torch.tensor([40]), 1)
+    drafts, commit, bonus, out_tokens, seq, accept_index = out
+    return {
+        "drafts": drafts.tolist(),
+        "commit": commit.tolist(),
+        "bonus": bonus.tolist(),
+        "out_tokens": out_tokens.tolist(),
+        "new_seq_lens": seq.tolist(),
+        "accept_index": accept_index.tolist(),
+    }
+
+
+@check
+def worker_mamba_commit():
+    calls = []
+    backend = SimpleNamespace(update_mamba_state_after_mtp_verify=lambda **kw: calls.append(kw))
+    worker = SimpleNamespace(
+        target_worker=SimpleNamespace(
+            model_runner=SimpleNamespace(attn_backend=backend, model=None)
+        ),
+    )
+    batch = SimpleNamespace(mamba_track_indices=None, seq_lens=torch.tensor([14, 21]))
+    accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
+    commit = torch.tensor([4, 1], dtype=torch.int32)
+    kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
+    W.DFlashWorkerV2._update_target_mamba_state_after_verify(
+        worker, **kwargs, accept_index=accept_index
+    )
+    W.DFlashWorkerV2._update_target_mamba_state_after_verify(worker, **kwargs)
+    return {
+        "tree_steps": calls[0]["last_correct_step_indices"].tolist(),
+        "dflash_steps": calls[1]["last_correct_step_indices"].tolist(),
+    }
+
+
+@check
+def hybrid_tree_links():
+    # 0007: the linear-attention backend takes its tree path (topk > 1) for DDTREE tree mode
+    # only; the server args reach it as a string, the enum on some paths.
+    def args(algorithm, mode="tree"):
+        return SimpleNamespace(speculative_algorithm=algorithm, speculative_ddtree_mode=mode)
+
+    return {
+        "ddtree_tree": H._is_ddtree_tree(args("DDTREE")),
+        "ddtree_tree_enum": H._is_ddtree_tree(args(SpeculativeAlgorithm.DDTREE)),
+        "ddtree_shadow": H._is_ddtree_tree(args("DDTREE", "shadow_linear")),
+        "dflash": H._is_ddtree_tree(args("DFLASH")),
+        "none": H._is_ddtree_tree(args(None)),
+    }
+
+
+if __name__ == "__main__":
+    run_forked(sorted(CHECKS) if sys.argv[1:] == ["all"] else sys.argv[1:])
