@@ -55,6 +55,7 @@ def _run_checks(python: str, root: Path, script: Path) -> dict[str, dict]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join(map(str, (root, HERE, KERNELS)))
     env["CUDA_VISIBLE_DEVICES"] = ""
+    env["TRITON_INTERPRET"] = "1"  # SGLang's Triton kernels on CPU tensors (0.5.14's GDN conv)
     proc = subprocess.run(
         [python, str(script), "all"], capture_output=True, text=True, env=env, timeout=1200
     )

@@ -8,10 +8,11 @@ checks return the same keys as 0.5.23's, so the shared tests hold both releases 
 
 Real: the DFlashWorkerV2 methods the 0.5.14 patches add or change, called unbound, DFlash's own
 greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch version the
-worker falls back to), and the linear-attention backend's DDTREE predicate. TEST DOUBLES,
-because the real objects need a GPU or a scheduler: `SimpleNamespace` workers standing in for a
-DFlashWorkerV2 instance (only the attributes each method reads), `Group` (TP ranks as threads),
-the TP-group getter and a recording attention backend.
+worker falls back to), the linear-attention backend and SGLang's Triton conv kernel (interpreted
+on CPU: TRITON_INTERPRET=1). TEST DOUBLES, because the real objects need a GPU or a scheduler:
+`SimpleNamespace` workers standing in for a DFlashWorkerV2 instance (only the attributes each
+method reads), `Group` (TP ranks as threads), the TP-group getter, a recording attention
+backend and the Mamba slot pool.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
 from ddtree_kernels import ops
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
+from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from worker_v2_checks import (
     CHECKS,
@@ -283,19 +285,106 @@ def worker_mamba_commit():
     }
 
 
+def _ancestor_conv(x, state, weight, parents):
+    """Causal conv of every node over its own path (conv state, root ... node), by hand."""
+    width = weight.shape[1]
+    out = torch.empty_like(x)
+    for b in range(x.shape[0]):
+        for i in range(x.shape[2]):
+            path, j = [], i
+            while j != -1:
+                path.append(j)
+                j = int(parents[b][j])
+            seq = torch.cat([state[b], x[b][:, path[::-1]]], dim=1)
+            out[b, :, i] = (seq[:, -width:] * weight).sum(1)
+    return out
+
+
 @check
 def hybrid_tree_links():
-    # 0007: the linear-attention backend takes its tree path (topk > 1) for DDTREE tree mode
-    # only; the server args reach it as a string, the enum on some paths.
-    def args(algorithm, mode="tree"):
-        return SimpleNamespace(speculative_algorithm=algorithm, speculative_ddtree_mode=mode)
+    """Patch 0007: the real linear-attention backend hands a DDTREE tree's links to the real
+    Triton conv kernel (TRITON_INTERPRET=1), which then convolves each node over its ancestors."""
+    from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_update
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    class FakeMambaPool:  # TEST DOUBLE: HybridReqToTokenPool maps requests to Mamba slots
+        def get_mamba_indices(self, req_pool_indices):
+            return req_pool_indices.to(torch.int32)
+
+    def backend(algorithm, mode="tree", eagle_topk=None):
+        args = SimpleNamespace(
+            speculative_algorithm=algorithm,
+            speculative_ddtree_mode=mode,
+            speculative_eagle_topk=eagle_topk,
+        )
+        runner = SimpleNamespace(
+            device="cpu", server_args=args, req_to_token_pool=FakeMambaPool(),
+            is_draft_worker=False, token_to_kv_pool=None,
+        )  # fmt: skip
+        return H.MambaAttnBackendBase(runner)
+
+    width, bs = 6, 3
+    prefix = torch.tensor([4, 0, 7])
+    logits = torch.randn(bs, width - 1, 50, generator=torch.Generator().manual_seed(5)) * 3
+    top = ops.topk_logprobs(logits, 3)
+    # Budget 4: 5 nodes in a width of 6, one padding node per request.
+    tree = U.ddtree_build_verify_tree(
+        logp=top.logp, ids=top.ids, root_tokens=torch.tensor([11, 12, 13]), prefix_lens=prefix,
+        budget=4, width=width, prefix_lens_sum=int(prefix.sum()),
+    )  # fmt: skip
+    vi = DDTreeVerifyInput(
+        draft_token=tree.tokens.reshape(-1), positions=tree.positions.reshape(-1),
+        draft_token_num=width, custom_mask=tree.custom_mask,
+        retrieve_index=tree.retrieve_index, retrieve_next_token=tree.retrieve_next_token,
+        retrieve_next_sibling=tree.retrieve_next_sibling, tree_parents=tree.parents,
+    )  # fmt: skip
+    verify = SimpleNamespace(
+        batch_size=bs, forward_mode=ForwardMode.TARGET_VERIFY,
+        input_ids=torch.zeros(bs * width, dtype=torch.int64), spec_info=vi,
+        req_pool_indices=torch.arange(bs), mamba_track_mask=None,
+    )  # fmt: skip
+    tree_backend = backend("DDTREE")
+    eager = tree_backend._forward_metadata(verify)
+    tree_backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * width)
+    replay = tree_backend._replay_metadata(
+        bs, torch.arange(bs), ForwardMode.TARGET_VERIFY, vi, torch.tensor([9, 9, 9])
+    )
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(bs, 8, width, generator=g)
+    state = torch.randn(bs, 8, 3, generator=g)
+    weight = torch.randn(8, 4, generator=g)
+    parent_found = torch.empty(bs, width, dtype=torch.int64)
+    conv = causal_conv1d_update(
+        x.clone(), state.clone(), weight,
+        retrieve_next_token=eager.retrieve_next_token,
+        retrieve_next_sibling=eager.retrieve_next_sibling,
+        retrieve_parent_token=parent_found,
+    )  # fmt: skip
+    parents = tree.parents.tolist()
+    real = torch.tensor([[p != -1 or i == 0 for i, p in enumerate(row)] for row in parents])
+    want = _ancestor_conv(x, state, weight, parents)
+    chain = _ancestor_conv(x, state, weight, [[i - 1 for i in range(width)]] * bs)
     return {
-        "ddtree_tree": H._is_ddtree_tree(args("DDTREE")),
-        "ddtree_tree_enum": H._is_ddtree_tree(args(SpeculativeAlgorithm.DDTREE)),
-        "ddtree_shadow": H._is_ddtree_tree(args("DDTREE", "shadow_linear")),
-        "dflash": H._is_ddtree_tree(args("DFLASH")),
-        "none": H._is_ddtree_tree(args(None)),
+        "topk": {
+            "ddtree_tree": tree_backend.topk,
+            "ddtree_tree_enum": backend(SpeculativeAlgorithm.DDTREE).topk,
+            "ddtree_shadow": backend("DDTREE", mode="shadow_linear").topk,
+            "dflash": backend("DFLASH", eagle_topk=1).topk,
+            "eagle_topk4": backend("EAGLE", eagle_topk=4).topk,
+        },
+        "eager_links": same(eager.retrieve_next_token, vi.retrieve_next_token)
+        and same(eager.retrieve_next_sibling, vi.retrieve_next_sibling),
+        "graph_links": same(replay.retrieve_next_token, vi.retrieve_next_token.int())
+        and same(replay.retrieve_next_sibling, vi.retrieve_next_sibling.int()),
+        "shadow_links": backend("DDTREE", mode="shadow_linear")
+        ._forward_metadata(verify)
+        .retrieve_next_token
+        is None,
+        "parents_found": same(parent_found[:, 1:][real[:, 1:]], tree.parents[:, 1:][real[:, 1:]])
+        and int(real.sum()) == bs * 5,
+        "conv_follows_tree": torch.allclose(conv[..., :5], want[..., :5], atol=1e-5),
+        "tree_differs_from_chain": not torch.allclose(want[..., :5], chain[..., :5], atol=1e-5),
     }
 
 

@@ -18,11 +18,13 @@ def release() -> str:
     return RELEASE
 
 
-def test_hybrid_backend_follows_the_tree_links_in_tree_mode_only(
-    check: Callable[[str], dict],
-) -> None:
-    # 0.5.14 sets the tree path in MambaAttnBackendBase (0007), not in the worker as 0.5.23 does.
-    assert check("hybrid_tree_links") == {
-        "ok": True, "ddtree_tree": True, "ddtree_tree_enum": True, "ddtree_shadow": False,
-        "dflash": False, "none": False,
+def test_hybrid_gdn_follows_ddtree_tree_links(check: Callable[[str], dict]) -> None:
+    """Patch 0007 (0.5.14 sets the tree path in MambaAttnBackendBase; 0.5.23 in the worker): in
+    tree mode the recurrent layers' conv runs along each node's ancestors."""
+    got = check("hybrid_tree_links")
+    assert got["topk"] == {
+        "ddtree_tree": 2, "ddtree_tree_enum": 2, "ddtree_shadow": 0, "dflash": 1,
+        "eagle_topk4": 4,
     }  # fmt: skip
+    assert got["eager_links"] and got["graph_links"] and got["shadow_links"]
+    assert got["parents_found"] and got["conv_follows_tree"] and got["tree_differs_from_chain"]
