@@ -31,6 +31,12 @@ def test_patched_copy_is_the_one_imported(check: Callable[[str], dict]) -> None:
     assert r["next_token"] == [[1, 2, 3, -1]] and r["positions"] == [5, 6, 7, 8]
 
 
+def test_patched_modules_import_on_cpu(check: Callable[[str], dict], patched_root: Path) -> None:
+    files = check("patched_modules_import")["files"]
+    assert len(files) == 8
+    assert all(f.startswith(f"{patched_root}/sglang/") for f in files.values()), files
+
+
 def test_draft_logprobs_single_rank_equal_plain_torch(check: Callable[[str], dict]) -> None:
     r = check("topk_single_rank")
     for dtype in ("torch.float32", "torch.bfloat16"):

@@ -386,6 +386,26 @@ def ddtree_spec(**kw):
     return SimpleNamespace(**base)
 
 
+# Patched in both releases' series; each release's own further targets import in its checks.
+PATCHED_MODULES = (
+    "sglang.srt.arg_groups.speculative_hook",
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+    "sglang.srt.speculative.dflash_info",
+    "sglang.srt.speculative.dflash_utils",
+    "sglang.srt.speculative.dflash_worker_v2",
+    "sglang.srt.speculative.spec_info",
+    "sglang.srt.speculative.spec_registry",
+    "sglang.srt.speculative.spec_utils",
+)
+
+
+@check
+def patched_modules_import():
+    import importlib
+
+    return {"files": {name: importlib.import_module(name).__file__ for name in PATCHED_MODULES}}
+
+
 @check
 def capture_mask_predicate():
     return {
