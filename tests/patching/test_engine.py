@@ -221,7 +221,7 @@ def test_0512_set_serves_0512_and_its_post1_only() -> None:
     # or any other release must not be served by a range nobody checked it against.
     assert select_patch_set("0.5.12").name == "0.5.12"
     assert select_patch_set("0.5.12.post1").name == "0.5.12"
-    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.14"):
+    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.15"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -231,6 +231,16 @@ def test_0513_set_serves_0513_and_its_post1_only() -> None:
     # DFLASH gate site is byte-identical to 0.5.13's (RECORD), so the 0.5.13 set serves both.
     assert select_patch_set("0.5.13").name == "0.5.13"
     assert select_patch_set("0.5.13.post1").name == "0.5.13"
-    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.14"):
+    assert select_patch_set("0.5.14").name == "0.5.14"
+    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.15"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)
+
+
+def test_0514_set_serves_0514_only() -> None:
+    # 0.5.14 has no post release; a later one, or a release candidate, must not be served by a
+    # pin nobody checked it against.
+    assert select_patch_set("0.5.14").name == "0.5.14"
+    for other in ("0.5.14.post1", "0.5.14rc1", "0.5.15"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)

@@ -1,4 +1,7 @@
-"""The server-args promise of each v1 (DFlashWorker) patch set, on the release's real parser.
+"""The server-args promise of each patch set whose arguments live in server_args.py, on the
+release's real parser: the v1 (DFlashWorker) releases and 0.5.14, the first DFlashWorkerV2 one
+(its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
+dataclass fields, the resolution is the same).
 
 For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
 `sglang_args_probe.compare` resolves arguments with that release's own `prepare_server_args` in
@@ -7,7 +10,7 @@ its staging venv (CPU): the patched modules import, DDTREE gets every setting DF
 DFLASH resolves exactly as it does on the pristine files. Without the staging venv the test
 skips (fails under DDTREE_REQUIRE_STAGING=1).
 
-0.5.23's server arguments have their own checks (verify_path/v0523), so it is not listed here.
+0.5.23's server arguments have their own checks (tests/patching/verify_path/), so it is not listed here.
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
 from patching.sglang_args_probe import compare, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
-V1_RELEASES = ("0.5.11", "0.5.12", "0.5.13")
+RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14")
 # compare's rows with a pristine tree given: 3 DFLASH, 4 DDTREE, hybrid flag, defaults,
 # shadow_linear, 6 refusals. Fewer would mean a check silently stopped running.
 ROWS = 16
 
 
-@pytest.mark.parametrize("release", V1_RELEASES)
+@pytest.mark.parametrize("release", RELEASES)
 def test_patched_server_args_resolve_ddtree_like_dflash(
     release: str,
     make_tree: Callable[[str], Path],

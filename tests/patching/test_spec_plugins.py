@@ -1,14 +1,16 @@
-"""What is new around DFLASH in SGLang 0.5.13, on the patched real release (staging venv, CPU).
+"""What is new around DFLASH in SGLang 0.5.13 and 0.5.14, on the patched real release (staging
+venv, CPU).
 
 - Plugin registration (`SpeculativeAlgorithm.register`, 0.5.12+) still works on the patched tree.
   From 0.5.13 `register_algorithm` runs `_assert_custom_spec_algo_conforms`: every `is_*` /
   `supports_*` method of the enum must exist on the plugin class, so the enum's new `is_ddtree`
   needs `CustomSpecAlgo.is_ddtree` (0001); without it every registration raises `TypeError`.
-  DDTREE is a reserved plugin name (0.5.12: 0001 adds it to the frozenset; 0.5.13 derives the
-  reserved names from the enum).
-- The DFLASH dispatch moved to `arg_groups/speculative_hook.py` in 0.5.13, beside a new
-  "--speculative-draft-window-size has no effect" warning that DDTREE must not get (its DFlash
-  worker honours the window). The dispatch itself is held by `test_server_args_resolution.py`.
+  DDTREE is a reserved plugin name (0.5.12: 0001 adds it to the frozenset; 0.5.13 and 0.5.14
+  derive the reserved names from the enum).
+- The DFLASH dispatch moved to `arg_groups/speculative_hook.py` in 0.5.13 (0.5.14:
+  `SpeculativeAlgorithm.handle_server_args`), beside a new "--speculative-draft-window-size has
+  no effect" warning that DDTREE must not get (its DFlash worker honours the window). The
+  dispatch itself is held by `test_server_args_resolution.py`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from ddtree_deploy.patching.engine import apply_patch_set
 from patching.sglang_args_probe import base_argv, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
-REGISTRY_RELEASES = ("0.5.12", "0.5.13")  # the v1 releases that have the plugin registry
+# The releases with the plugin registry whose server arguments live in server_args.py.
+REGISTRY_RELEASES = ("0.5.12", "0.5.13", "0.5.14")
 
 _REGISTER = r"""
 import json
@@ -100,12 +103,17 @@ def test_plugin_registration_works_on_the_patched_release(
         assert "missing duck-typed methods" in got["stale"] and "is_ddtree" in got["stale"]
 
 
-def test_0513_draft_window_is_honoured_for_ddtree_without_the_no_effect_warning(
-    make_tree: Callable[[str], Path], host: LocalHost, state: HostStateStore, tmp_path: Path
+@pytest.mark.parametrize("release", ["0.5.13", "0.5.14"])
+def test_draft_window_is_honoured_for_ddtree_without_the_no_effect_warning(
+    release: str,
+    make_tree: Callable[[str], Path],
+    host: LocalHost,
+    state: HostStateStore,
+    tmp_path: Path,
 ) -> None:
-    python = require_staging_venv("0.5.13") / "bin" / "python"
-    site = make_tree("0.5.13")
-    apply_patch_set(host, PurePosixPath(site), real_patch_set("0.5.13"), state)
+    python = require_staging_venv(release) / "bin" / "python"
+    site = make_tree(release)
+    apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)
     model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
     base = base_argv(model_dir, draft_dir)
     for algorithm in ("DFLASH", "DDTREE"):

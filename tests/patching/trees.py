@@ -22,7 +22,15 @@ from ddtree_deploy.patching.wheels import WHEEL_CACHE, fetch_wheel
 CASES_DIR = Path(__file__).parent / "cases"
 # 0.5.12.post1 and 0.5.13.post1 have no folder of their own: the 0.5.12 and 0.5.13 sets serve
 # them (their targets are byte-identical).
-REAL_RELEASES = ("0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.23")
+REAL_RELEASES = (
+    "0.5.11",
+    "0.5.12",
+    "0.5.12.post1",
+    "0.5.13",
+    "0.5.13.post1",
+    "0.5.14",
+    "0.5.23",
+)
 
 
 def wheel_path(release: str) -> Path:

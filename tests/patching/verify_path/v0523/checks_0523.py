@@ -4,21 +4,19 @@ Run as `python checks_0523.py NAME` with the patched `sglang/` first on PYTHONPA
 `kernels/` (ddtree_kernels, its pure-torch reference on CPU) importable. Prints one JSON
 line `{"ok": ..., ...}`; the pytest side (test_verify_path_0523.py) asserts on it.
 
-Real: every function the 0.5.23 patches add (the dflash_utils helpers, DDTreeVerifyInput,
-and the DFlashWorkerV2 methods, called unbound), SpeculativeAlgorithm, SpecInputType,
-DFlash's own greedy head, accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch
-version) and `_commit_accept`, and SGLang's native KV move. TEST DOUBLES, because the real
-objects need a GPU, a scheduler or an initialised runtime context: `Worker` (a namespace
-standing in for a DFlashWorkerV2 instance), `Group` (TP ranks as threads), the runtime
-context getters (`get_spec`, `get_parallel`) and a recording attention backend.
+The checks every worker-v2 release shares come from `worker_v2_checks.py` (this file's parent
+folder, on PYTHONPATH). Real here: the DFlashWorkerV2 methods the 0.5.23 patches add, called
+unbound, DFlash's own greedy head, accept rule (`compute_dflash_correct_drafts_and_bonus`, the
+torch version) and `_commit_accept`. TEST DOUBLES, because the real objects need a GPU, a
+scheduler or an initialised runtime context: `Worker` (a namespace standing in for a
+DFlashWorkerV2 instance), `Group` (TP ranks as threads), the runtime context getters
+(`get_spec`, `get_parallel`) and a recording attention backend.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
-import threading
 from types import SimpleNamespace
 
 import sglang.srt.speculative.dflash_utils as U
@@ -26,343 +24,18 @@ import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
 from ddtree_kernels import ops
 from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
-from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
-from sglang.srt.speculative.dflash_info import DDTreeVerifyInput, DFlashVerifyInput
-from sglang.srt.speculative.spec_info import SpecInputType, SpeculativeAlgorithm
-
-CHECKS = {}
-
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
-
-
-def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.equal(a, b))
-
-
-class Group:
-    """`size` TP ranks, one thread each; all_gather_into_tensor concatenates along dim 0."""
-
-    def __init__(self, size: int) -> None:
-        self.world_size = size
-        self._barrier = threading.Barrier(size)
-        self._parts: list = [None] * size
-        self._rank = threading.local()
-
-    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        self._parts[self._rank.value] = inp.clone()
-        self._barrier.wait()
-        out.copy_(torch.cat(self._parts, dim=0).view_as(out))
-        self._barrier.wait()
-
-    def run(self, fn):
-        """fn(rank) on every rank in its own thread; the per-rank results."""
-        results: list = [None] * self.world_size
-        errors: list = []
-
-        def body(rank: int) -> None:
-            self._rank.value = rank
-            try:
-                results[rank] = fn(rank)
-            except BaseException as e:  # surfaced below
-                errors.append(e)
-                self._barrier.abort()
-
-        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.world_size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return results
-
-
-def plain_topk(hidden: torch.Tensor, weight: torch.Tensor, k: int):
-    """The plain-torch definition: full-vocab log-softmax of the head's logits, top k."""
-    logits = torch.matmul(hidden.to(weight.dtype), weight.T).float()
-    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
-    # Ties (frequent in bf16) go to the smaller token id: a stable descending sort.
-    values, ids = torch.sort(logp, dim=-1, descending=True, stable=True)
-    return values[:, :k], ids[:, :k]
-
-
-def sglang_mask(ancestor: torch.Tensor, prefix_lens: list[int]) -> torch.Tensor:
-    """SGLang's verify mask layout written out per request, as DFlash's 0.5.11
-    prepare_for_verify loop does: [N, prefix + N] bool, prefix columns True, row-major."""
-    blocks = []
-    for b, p in enumerate(prefix_lens):
-        n = ancestor.shape[1]
-        blocks.append(torch.cat([torch.ones(n, p, dtype=torch.bool), ancestor[b]], 1).reshape(-1))
-    return torch.cat(blocks)
-
-
-def draft_logits(bs: int, depth: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(bs, depth, vocab, generator=g) * 3
-    return logits, g
-
-
-# ------------------------------------------------------------------ draft log-probs
-
-
-@check
-def topk_single_rank():
-    g = torch.Generator().manual_seed(1)
-    hidden = torch.randn(37, 32, generator=g)
-    out = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        weight = torch.randn(500, 32, generator=g).to(dtype)
-        logp, ids = U.ddtree_draft_topk_logprobs(hidden, weight, 6, num_org=500, chunk_size=16)
-        ref_logp, ref_ids = plain_topk(hidden, weight, 6)
-        out[str(dtype)] = {
-            "ids_equal": same(ids, ref_ids),
-            "max_abs_diff": float((logp - ref_logp).abs().max()),
-            "dtype": str(logp.dtype),
-        }
-    # Only the first num_org rows of the shard are vocabulary (the rest is padding).
-    weight = torch.randn(64, 32, generator=g)
-    weight[50:] = 100.0
-    _, ids = U.ddtree_draft_topk_logprobs(hidden, weight, 4, num_org=50)
-    out["padding_ignored"] = bool((ids < 50).all())
-    return out
-
-
-@check
-def topk_tensor_parallel():
-    g = torch.Generator().manual_seed(2)
-    hidden = torch.randn(21, 24, generator=g)
-    vocab, tp, k = 600, 4, 8
-    weight = torch.randn(vocab, 24, generator=g)
-    shard = vocab // tp
-    group = Group(tp)
-
-    def rank(r: int):
-        return U.ddtree_draft_topk_logprobs(
-            hidden,
-            weight[r * shard : (r + 1) * shard],
-            k,
-            num_org=shard,
-            org_vocab_start=r * shard,
-            tp_group=group,
-            chunk_size=8,
-        )
-
-    results = group.run(rank)
-    ref_logp, ref_ids = plain_topk(hidden, weight, k)
-    return {
-        "ranks_agree": all(same(r[1], results[0][1]) for r in results),
-        "ids_equal": same(results[0][1], ref_ids),
-        "max_abs_diff": float((results[0][0] - ref_logp).abs().max()),
-    }
-
-
-@check
-def merge_ties_to_smaller_id():
-    # Two ranks hold the same logit for ids 7 (rank 1) and 3 (rank 0): the smaller id wins.
-    logp = torch.tensor([[[-1.0, -2.0]], [[-1.0, -3.0]]])
-    ids = torch.tensor([[[3, 4]], [[7, 9]]])
-    log_z = torch.zeros(2, 1)
-    m_logp, m_ids = U.ddtree_merge_tp_topk(logp, ids, log_z, 3)
-    want_z = torch.logsumexp(torch.zeros(2), 0)
-    return {
-        "ids": m_ids.tolist(),
-        "logp_ok": bool(torch.allclose(m_logp, torch.tensor([[-1.0, -1.0, -2.0]]) - want_z)),
-    }
-
-
-# ------------------------------------------------------------------ tree and verify input
-
-
-def _tree_inputs(bs: int, depth: int, k: int, seed: int):
-    logits, g = draft_logits(bs, depth, 50, seed)
-    top = ops.topk_logprobs(logits, k)
-    roots = torch.randint(0, 50, (bs,), generator=g)
-    return top.logp, top.ids, roots
-
-
-@check
-def tree_full_width():
-    width, bs, k = 8, 3, 3
-    logp, ids, roots = _tree_inputs(bs, width - 1, k, 3)
-    prefix = [5, 0, 11]
-    prefix_t = torch.tensor(prefix)
-    tree = U.ddtree_build_verify_tree(
-        logp=logp, ids=ids, root_tokens=roots, prefix_lens=prefix_t,
-        budget=width - 1, width=width, prefix_lens_sum=sum(prefix),
-    )  # fmt: skip
-    ref = ops.build_tree(logp, ids, roots, prefix_t, width - 1, sum(prefix))
-    fields_equal = all(same(getattr(tree, f), getattr(ref, f)) for f in ref._fields)
-    numel = width * sum(prefix) + bs * width * width
-    helper_mask = U.ddtree_flat_tree_mask(ref.ancestor_mask, prefix_t, numel)
-    # An upper bound of the prefix sum (overlap scheduling): same layout, True tail.
-    upper = U.ddtree_build_verify_tree(
-        logp=logp, ids=ids, root_tokens=roots, prefix_lens=prefix_t, budget=width - 1,
-        width=width, prefix_lens_sum=sum(prefix) + 9, prefix_lens_sum_exact=False,
-    )  # fmt: skip
-    return {
-        "fields_equal_kernels": fields_equal,
-        "mask_is_sglang_layout": same(tree.custom_mask, sglang_mask(ref.ancestor_mask, prefix)),
-        "helper_mask_equal_kernels": same(helper_mask, ref.custom_mask),
-        "upper_bound_prefix_equal": same(upper.custom_mask[:numel], ref.custom_mask),
-        "upper_bound_tail_true": bool(upper.custom_mask[numel:].all()),
-        "upper_bound_tail_len": int(upper.custom_mask.numel() - numel),
-        "positions_prefix_plus_depth": same(tree.positions, prefix_t[:, None] + tree.depths),
-        "branching": bool((tree.retrieve_next_sibling >= 0).any()),
-    }
-
-
-@check
-def tree_padded_to_width():
-    width, budget, bs, k = 8, 4, 2, 2
-    logp, ids, roots = _tree_inputs(bs, width - 1, k, 4)
-    prefix = [3, 6]
-    prefix_t = torch.tensor(prefix)
-    tree = U.ddtree_build_verify_tree(
-        logp=logp, ids=ids, root_tokens=roots, prefix_lens=prefix_t,
-        budget=budget, width=width, prefix_lens_sum=sum(prefix),
-    )  # fmt: skip
-    ref = ops.build_tree(logp, ids, roots, prefix_t, budget)
-    n = budget + 1
-    head_equal = all(
-        same(getattr(tree, f)[:, :n], getattr(ref, f))
-        for f in ("tokens", "parents", "depths", "positions",
-                  "retrieve_next_token", "retrieve_next_sibling")
-    )  # fmt: skip
-    pad = slice(n, width)
-    eye = torch.eye(width - n, dtype=torch.bool).expand(bs, -1, -1)
-    return {
-        "shape": list(tree.tokens.shape),
-        "head_equal_kernels": head_equal,
-        "ancestor_head_equal": same(tree.ancestor_mask[:, :n, :n], ref.ancestor_mask),
-        "pad_tokens_zero": bool((tree.tokens[:, pad] == 0).all()),
-        "pad_parents_none": bool((tree.parents[:, pad] == -1).all()),
-        "pad_links_none": bool((tree.retrieve_next_token[:, pad] == -1).all()),
-        "pad_positions_prefix": same(
-            tree.positions[:, pad], prefix_t[:, None].expand(bs, width - n)
-        ),
-        "pad_rows_only_self": same(tree.ancestor_mask[:, pad, pad], eye)
-        and not bool(tree.ancestor_mask[:, pad, :n].any()),
-        "retrieve_index": tree.retrieve_index.tolist(),
-        "mask_is_sglang_layout": same(tree.custom_mask, sglang_mask(tree.ancestor_mask, prefix)),
-    }
-
-
-@check
-def verify_input_type():
-    width = 4
-    tree = U.ddtree_chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
-    vi = DDTreeVerifyInput(
-        draft_token=tree.tokens.reshape(-1),
-        positions=tree.positions.reshape(-1),
-        draft_token_num=width,
-        custom_mask=None,
-        retrieve_index=tree.retrieve_index,
-        retrieve_next_token=tree.retrieve_next_token,
-        retrieve_next_sibling=tree.retrieve_next_sibling,
-        tree_parents=tree.parents,
-    )
-    return {
-        "is_dflash_verify_input": isinstance(vi, DFlashVerifyInput),
-        "spec_input_type_dflash_verify": vi.spec_input_type == SpecInputType.DFLASH_VERIFY,
-        "is_verify_input": bool(vi.is_verify_input()),
-        "num_tokens_per_req": vi.num_tokens_per_req,
-        "topk": vi.topk,
-        "next_token": vi.retrieve_next_token.tolist(),
-        "positions": vi.positions.tolist(),
-    }
-
-
-# ------------------------------------------------------------------ accept and commit
-
-
-def _branching_case():
-    """A hand-made tree (width 6) whose accepted path takes a second child:
-    0 -> {1: tok 10, 2: tok 11}; 2 -> {3: tok 20}; 3 -> {4: tok 30, 5: tok 31}."""
-    parents = torch.tensor([[-1, 0, 0, 2, 3, 3]])
-    tokens = torch.tensor([[99, 10, 11, 20, 30, 31]])
-    # Target: at root 11 (-> node 2), at node 2 20 (-> 3), at node 3 31 (-> 5), at 5 bonus 77.
-    target = torch.tensor([[11, 0, 20, 31, 0, 77]])
-    return tokens, parents, target
-
-
-@check
-def accept_and_commit():
-    tokens, parents, target = _branching_case()
-    width = tokens.shape[1]
-    walk = ops.verify_walk(tokens, parents, target, width - 1)
-    prefix = torch.tensor([40])
-    drafts, commit_lens, bonus, out_tokens, new_seq_lens = U.ddtree_accept_outputs(
-        walk.accept_len, walk.accept_tokens, walk.bonus, prefix
-    )
-    cache_loc = torch.tensor([[100, 101, 102, 103, 104, 105]])
-    commit = ops.commit_indices(walk.accept_index, cache_loc)
-    tgt, src = U.ddtree_kv_move_pairs(commit.src, commit.dst)
-    # A KV pool whose slot s holds the value s, moved with SGLang's own native move.
-    k_buf = [torch.arange(128, dtype=torch.float32).view(128, 1, 1).repeat(1, 2, 3)]
-    v_buf = [k_buf[0] * -1]
-    move_kv_cache_native(k_buf, v_buf, tgt, src)
-    kept = k_buf[0][cache_loc[0], 0, 0].tolist()
-    hidden = torch.arange(width + 2, dtype=torch.float32).unsqueeze(1) * 10  # 2 padding rows
-    path_hidden = U.ddtree_gather_path_rows(hidden, commit.hidden_rows, width)
-    return {
-        "accept_index": walk.accept_index.tolist(),
-        "drafts": drafts.tolist(),
-        "commit_lens": commit_lens.tolist(),
-        "commit_dtype": str(commit_lens.dtype),
-        "bonus": bonus.tolist(),
-        "out_tokens": out_tokens.tolist(),
-        "new_seq_lens": new_seq_lens.tolist(),
-        "kv_after_move": kept,
-        "v_matches_k": bool(torch.equal(v_buf[0], -k_buf[0])),
-        "hidden_after": path_hidden[:, 0].tolist(),
-    }
-
-
-@check
-def sampling_walk_outputs():
-    # What tree_speculative_sampling_target_only leaves for the _branching_case path
-    # (2 requests of width 6, global node indices, -1 padded, 3 accepted drafts for
-    # request 0, none for request 1).
-    width = 6
-    predicts = torch.zeros(12, dtype=torch.int32)
-    predicts[[0, 2, 3, 5]] = torch.tensor([11, 20, 31, 77], dtype=torch.int32)
-    predicts[6] = 55
-    accept_index = torch.full((2, width), -1, dtype=torch.int32)
-    accept_index[0, :4] = torch.tensor([0, 2, 3, 5], dtype=torch.int32)
-    accept_index[1, 0] = 6
-    num = torch.tensor([3, 0], dtype=torch.int32)
-    local, accept_len, tokens, bonus = U.ddtree_walk_from_sampling(
-        predicts, accept_index, num, width
-    )
-    tokens_b, parents_b, target_b = _branching_case()
-    walk = ops.verify_walk(tokens_b, parents_b, target_b, width - 1)
-    return {
-        "local": local.tolist(),
-        "accept_len": accept_len.tolist(),
-        "tokens": tokens.tolist(),
-        "bonus": bonus.tolist(),
-        "row0_equals_walk": same(local[:1], walk.accept_index)
-        and same(tokens[:1], walk.accept_tokens),
-    }
-
-
-@check
-def mamba_steps():
-    accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
-    commit = torch.tensor([4, 1], dtype=torch.int32)
-    last, _ = U.ddtree_mamba_steps(accept_index, commit, None)
-    _, tracked = U.ddtree_mamba_steps(accept_index, commit, torch.tensor([2, -1]))
-    chain = torch.arange(6).expand(2, 6)
-    chain_last, _ = U.ddtree_mamba_steps(chain, commit, None)
-    return {
-        "last": last.tolist(),
-        "tracked": tracked.tolist(),
-        "chain_equals_commit_minus_one": same(chain_last, commit.long() - 1),
-    }
-
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from worker_v2_checks import (
+    CHECKS,
+    Group,
+    branching_case,
+    check,
+    ddtree_spec,
+    patched,
+    plain_topk,
+    run_forked,
+    same,
+)
 
 # ------------------------------------------------------------------ shadow_linear vs DFlash
 
@@ -447,32 +120,6 @@ def shadow_linear_equals_dflash():
     }
 
 
-# ------------------------------------------------------------------ worker methods
-
-
-@contextlib.contextmanager
-def patched(module, **names):
-    old = {n: getattr(module, n) for n in names}
-    for n, v in names.items():
-        setattr(module, n, v)
-    try:
-        yield
-    finally:
-        for n, v in old.items():
-            setattr(module, n, v)
-
-
-def _spec(**kw):
-    base = dict(
-        speculative_ddtree_mode="tree",
-        speculative_ddtree_budget=7,
-        speculative_ddtree_topk=3,
-        speculative_ddtree_allow_hybrid_unsafe=False,
-    )
-    base.update(kw)
-    return SimpleNamespace(**base)
-
-
 def _init(spec, *, hybrid=False, **worker_kw):
     worker = SimpleNamespace(
         selector=None, lilicorr=None, _is_domino=False, block_size=8,
@@ -510,17 +157,17 @@ def worker_init():
             sys.modules["ddtree_kernels"] = saved
 
     with patched(W, load_ddtree_kernels=missing_kernels):
-        blocked = _init(_spec())
+        blocked = _init(ddtree_spec())
     return {
-        "tree": _init(_spec()),
-        "shadow": _init(_spec(speculative_ddtree_mode="shadow_linear")),
-        "hybrid_tree": _init(_spec(), hybrid=True),
+        "tree": _init(ddtree_spec()),
+        "shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear")),
+        "hybrid_tree": _init(ddtree_spec(), hybrid=True),
         "hybrid_tree_allowed": _init(
-            _spec(speculative_ddtree_allow_hybrid_unsafe=True), hybrid=True
+            ddtree_spec(speculative_ddtree_allow_hybrid_unsafe=True), hybrid=True
         ),
-        "hybrid_shadow": _init(_spec(speculative_ddtree_mode="shadow_linear"), hybrid=True),
-        "selector": _init(_spec(), selector=object()),
-        "budget_too_big": _init(_spec(speculative_ddtree_budget=8)),
+        "hybrid_shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear"), hybrid=True),
+        "selector": _init(ddtree_spec(), selector=object()),
+        "budget_too_big": _init(ddtree_spec(speculative_ddtree_budget=8)),
         "no_kernels": blocked,
         "algorithm_ddtree": bool(SpeculativeAlgorithm.DDTREE.is_ddtree()),
     }
@@ -655,7 +302,7 @@ def worker_propose_tree():
 
 @check
 def worker_accept_tree_greedy():
-    tokens, parents, target = _branching_case()
+    tokens, parents, target = branching_case()
     width = tokens.shape[1]
     tree = SimpleNamespace(tokens=tokens, parents=parents)
     worker = _dflash_worker_double(block_size=width)
@@ -703,61 +350,6 @@ def worker_mamba_commit():
         "tree_steps": calls[0]["last_correct_step_indices"].tolist(),
         "dflash_steps": calls[1]["last_correct_step_indices"].tolist(),
     }
-
-
-@check
-def capture_mask_predicate():
-    return {
-        "ddtree_tree": U.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DDTREE, _spec()),
-        "ddtree_shadow": U.ddtree_verify_uses_tree_mask(
-            SpeculativeAlgorithm.DDTREE, _spec(speculative_ddtree_mode="shadow_linear")
-        ),
-        "dflash": U.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DFLASH, _spec()),
-    }
-
-
-@check
-def hybrid_refusal():
-    out = {}
-    for name, kw in {
-        "tree_hybrid": dict(mode="tree", is_hybrid=True, allow_hybrid_unsafe=False),
-        "tree_hybrid_allowed": dict(mode="tree", is_hybrid=True, allow_hybrid_unsafe=True),
-        "shadow_hybrid": dict(mode="shadow_linear", is_hybrid=True, allow_hybrid_unsafe=False),
-        "tree_dense": dict(mode="tree", is_hybrid=False, allow_hybrid_unsafe=False),
-    }.items():
-        try:
-            U.ddtree_check_hybrid_target(**kw)
-            out[name] = ""
-        except ValueError as e:
-            out[name] = str(e)
-    return out
-
-
-def _result(name: str) -> dict:
-    try:
-        return {"ok": True, **CHECKS[name]()}
-    except Exception as e:  # the test prints this
-        import traceback
-
-        return {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-
-
-def run_forked(names: list[str]) -> None:
-    """Each check in its own fork of this interpreter (SGLang and torch imported once): one
-    `@@JSON@@ {"name": ..., ...}` line per check, even for one whose process dies."""
-    import os
-
-    for name in names:
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:
-            sys.stdout.write("@@JSON@@" + json.dumps({"name": name, **_result(name)}) + "\n")
-            sys.stdout.flush()
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        if status:
-            died = {"name": name, "ok": False, "error": f"the check's process exited {status}"}
-            print("@@JSON@@" + json.dumps(died), flush=True)
 
 
 if __name__ == "__main__":

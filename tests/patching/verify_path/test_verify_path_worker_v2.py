@@ -1,0 +1,166 @@
+"""The DDTREE verify path every worker-v2 release promises (0.5.14, 0.5.23), on CPU.
+
+Each test runs against each release's real patched tree: the checks in its
+`v<release>/checks_<release>.py` (the ones the releases share come from `worker_v2_checks.py`)
+print JSON under the release's staging venv (conftest.py here), and the tests assert on it.
+A release's worker checks report the same keys, so one assertion holds both; what only one
+release has is tested in its own test_verify_path_<release>.py. The backend refusal is checked
+through the real argument resolution (`sglang_args_probe`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
+
+WORKER_V2_RELEASES = ("0.5.14", "0.5.23")
+
+
+@pytest.fixture(scope="module", params=WORKER_V2_RELEASES)
+def release(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_patched_copy_is_the_one_imported(check: Callable[[str], dict]) -> None:
+    r = check("verify_input_type")
+    assert r["is_dflash_verify_input"] and r["spec_input_type_dflash_verify"]
+    assert r["is_verify_input"] and r["num_tokens"] == 4 and r["topk"] == 1
+    assert r["next_token"] == [[1, 2, 3, -1]] and r["positions"] == [5, 6, 7, 8]
+
+
+def test_patched_modules_import_on_cpu(check: Callable[[str], dict], patched_root: Path) -> None:
+    files = check("patched_modules_import")["files"]
+    assert len(files) == 8
+    assert all(f.startswith(f"{patched_root}/sglang/") for f in files.values()), files
+
+
+def test_draft_logprobs_single_rank_equal_plain_torch(check: Callable[[str], dict]) -> None:
+    r = check("topk_single_rank")
+    for dtype in ("torch.float32", "torch.bfloat16"):
+        assert r[dtype]["ids_equal"], dtype
+        assert r[dtype]["max_abs_diff"] < 1e-5 and r[dtype]["dtype"] == "torch.float32"
+    assert r["padding_ignored"]
+
+
+def test_draft_logprobs_tensor_parallel_merge(check: Callable[[str], dict]) -> None:
+    r = check("topk_tensor_parallel")
+    assert r["ranks_agree"] and r["ids_equal"]
+    assert r["max_abs_diff"] < 1e-5
+    t = check("merge_ties_to_smaller_id")
+    assert t["ids"] == [[3, 7, 4]] and t["logp_ok"]
+
+
+def test_tree_at_full_width_is_the_kernels_tree_and_sglang_mask(
+    check: Callable[[str], dict],
+) -> None:
+    r = check("tree_full_width")
+    assert r["fields_equal_kernels"] and r["mask_is_sglang_layout"] and r["branching"]
+    assert r["helper_mask_equal_kernels"] and r["positions_prefix_plus_depth"]
+    assert r["upper_bound_prefix_equal"] and r["upper_bound_tail_true"]
+    assert r["upper_bound_tail_len"] == 9 * 8
+
+
+def test_small_budget_tree_is_padded_to_the_block_width(check: Callable[[str], dict]) -> None:
+    r = check("tree_padded_to_width")
+    assert r["shape"] == [2, 8]
+    assert r["head_equal_kernels"] and r["ancestor_head_equal"]
+    assert r["pad_tokens_zero"] and r["pad_parents_none"] and r["pad_links_none"]
+    assert r["pad_positions_prefix"] and r["pad_rows_only_self"]
+    assert r["retrieve_index"] == [[0, 1, 2, 3, 4, -1, -1, -1], [8, 9, 10, 11, 12, -1, -1, -1]]
+    assert r["mask_is_sglang_layout"]
+
+
+def test_accept_and_commit_in_path_order(check: Callable[[str], dict]) -> None:
+    r = check("accept_and_commit")
+    assert r["accept_index"] == [[0, 2, 3, 5, -1, -1]]
+    assert r["drafts"] == [3] and r["commit_lens"] == [4] and r["commit_dtype"] == "torch.int32"
+    assert r["bonus"] == [77] and r["out_tokens"] == [[11, 20, 31, 77, 0, 0]]
+    assert r["new_seq_lens"] == [44]
+    # The accepted nodes' KV (slots 100, 102, 103, 105) now leads the window.
+    assert r["kv_after_move"][:4] == [100.0, 102.0, 103.0, 105.0] and r["v_matches_k"]
+    # Hidden rows in path order; rows past the path and the 2 padding rows keep theirs.
+    assert r["hidden_after"] == [0.0, 20.0, 30.0, 50.0, 40.0, 50.0, 60.0, 70.0]
+
+
+def test_sampled_walk_outputs_match_the_greedy_walk_layout(check: Callable[[str], dict]) -> None:
+    r = check("sampling_walk_outputs")
+    assert r["local"] == [[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]]
+    assert r["accept_len"] == [4, 1] and r["bonus"] == [77, 55]
+    assert r["tokens"][1] == [55, -1, -1, -1, -1, -1] and r["row0_equals_walk"]
+
+
+def test_recurrent_state_steps_follow_the_tree(check: Callable[[str], dict]) -> None:
+    r = check("mamba_steps")
+    assert r["last"] == [5, 0] and r["tracked"] == [3, -1]
+    assert r["chain_equals_commit_minus_one"]
+    w = check("worker_mamba_commit")
+    assert w["tree_steps"] == [5, 0] and w["dflash_steps"] == [3, 0]
+
+
+def test_shadow_linear_equals_dflash_verify(check: Callable[[str], dict]) -> None:
+    r = check("shadow_linear_equals_dflash")
+    assert r["tie_row_token"] == 5  # DFlash's own argmax decided the tie
+    assert r["draft_chain_is_dflash"] and r["causal_chain"] and r["positions_consecutive"]
+    assert r["accept_len_equal"] and r["commit_lens_equal"] and r["bonus_equal"]
+    assert r["committed_tokens_equal"] and r["new_seq_lens_equal"] and r["commit_is_identity"]
+    assert r["accept_lens"] == [1, 2, 4, 8, 3, 6]  # every accept length 1..B exercised
+
+
+def test_worker_startup_checks(check: Callable[[str], dict]) -> None:
+    r = check("worker_init")
+    assert r["tree"] == {"mode": "tree", "budget": 7, "topk": 3, "ops_loaded": True}
+    assert r["shadow"]["mode"] == "shadow_linear" and r["hybrid_shadow"]["mode"] == "shadow_linear"
+    assert r["hybrid_tree_allowed"]["mode"] == "tree"
+    assert "shadow_linear" in r["hybrid_tree"]["error"]
+    assert "allow-hybrid-unsafe" in r["hybrid_tree"]["error"]
+    assert "budget 8" in r["budget_too_big"]["error"]
+    assert "ddtree_kernels" in r["no_kernels"]["error"]
+    assert r["no_kernels"]["error"].startswith("RuntimeError")
+    h = check("hybrid_refusal")
+    assert "shadow_linear" in h["tree_hybrid"]
+    assert h["tree_hybrid_allowed"] == h["shadow_hybrid"] == h["tree_dense"] == ""
+
+
+def test_worker_proposes_the_tree_through_the_lm_head(check: Callable[[str], dict]) -> None:
+    r = check("worker_propose_tree")
+    assert r["tp1_tokens_equal"] and r["tp1_mask_equal"] and r["tp1_positions_equal"]
+    assert r["tp_ranks_agree"] and r["tp_tokens_equal"]
+    assert r["overlap_mask_prefix_equal"] and r["overlap_mask_longer"]
+    assert "added vocabulary" in r["added_vocab_error"]
+
+
+def test_worker_greedy_tree_accept(check: Callable[[str], dict]) -> None:
+    r = check("worker_accept_tree_greedy")
+    assert r["drafts"] == [3] and r["commit"] == [4] and r["bonus"] == [77]
+    assert r["out_tokens"] == [[11, 20, 31, 77, 0, 0]] and r["new_seq_lens"] == [44]
+    assert r["accept_index"] == [[0, 2, 3, 5, -1, -1]]
+
+
+def test_capture_mask_only_for_tree_mode(check: Callable[[str], dict]) -> None:
+    assert check("capture_mask_predicate") == {
+        "ok": True, "ddtree_tree": True, "ddtree_shadow": False, "dflash": False,
+    }  # fmt: skip
+
+
+def test_tree_mode_refuses_backends_without_a_tree_mask(
+    staging_python: str, patched_root: Path, tmp_path: Path
+) -> None:
+    model, draft = write_tiny_model_dirs(tmp_path)
+    argv = [*base_argv(model, draft, "cuda"), "--speculative-algorithm", "DDTREE"]
+
+    def resolve(*extra: str):
+        return resolve_server_args(
+            staging_python, argv + list(extra), sglang_root=str(patched_root)
+        )
+
+    fa3 = resolve("--attention-backend", "fa3")
+    assert not fa3.ok and "fa3" in fa3.error
+    assert "flashinfer or triton" in fa3.error and "shadow_linear" in fa3.error
+    flashinfer = resolve("--attention-backend", "flashinfer")
+    assert flashinfer.ok, flashinfer.error
+    assert flashinfer.fields["speculative_ddtree_mode"] == "tree"
+    shadow = resolve("--attention-backend", "fa3", "--speculative-ddtree-mode", "shadow_linear")
+    assert shadow.ok, shadow.error

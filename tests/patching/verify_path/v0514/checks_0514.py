@@ -1,0 +1,392 @@
+"""Checks of the 0.5.14 DDTREE verify path, run inside the SGLang 0.5.14 staging venv.
+
+Run as `python checks_0514.py NAME|all` with the patched `sglang/` first on PYTHONPATH, then its
+parent folder (`worker_v2_checks.py`: the checks every worker-v2 release shares) and `kernels/`
+(ddtree_kernels, its pure-torch reference on CPU). Prints one `@@JSON@@` line per check; the
+pytest side (test_verify_path_worker_v2.py, test_verify_path_0514.py) asserts on it. The worker
+checks return the same keys as 0.5.23's, so the shared tests hold both releases to one promise.
+
+Real: the DFlashWorkerV2 methods the 0.5.14 patches add or change, called unbound, DFlash's own
+greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch version the
+worker falls back to), the linear-attention backend and SGLang's Triton conv kernel (interpreted
+on CPU: TRITON_INTERPRET=1). TEST DOUBLES, because the real objects need a GPU or a scheduler:
+`SimpleNamespace` workers standing in for a DFlashWorkerV2 instance (only the attributes each
+method reads), `Group` (TP ranks as threads), the TP-group getter, a recording attention
+backend and the Mamba slot pool.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import sglang.srt.speculative.dflash_utils as U
+import sglang.srt.speculative.dflash_worker_v2 as W
+import torch
+from ddtree_kernels import ops
+from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
+from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from worker_v2_checks import (
+    CHECKS,
+    Group,
+    branching_case,
+    check,
+    ddtree_spec,
+    patched,
+    plain_topk,
+    run_forked,
+    same,
+)
+
+
+def _dflash_out_tokens(candidates, accept_len, bonus):
+    """DFLASH's out tokens and commit lengths as 0.5.14's worker writes them (its eager accept
+    path): the drafts after the root, the bonus scattered at position accept_len."""
+    bs, block = candidates.shape
+    out = torch.zeros((bs, block), dtype=torch.int64)
+    out[:, : block - 1].copy_(candidates[:, 1:])
+    out.scatter_(1, accept_len.to(torch.int64)[:, None], bonus.to(torch.int64)[:, None])
+    return out, accept_len.to(torch.int32) + 1
+
+
+def _argmax_logits(target: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Verify logits [bs * B, vocab] whose argmax is `target` [bs, B]."""
+    logits = torch.full((target.numel(), vocab), -5.0)
+    logits[torch.arange(target.numel()), target.reshape(-1)] = 5.0
+    return logits
+
+
+def _accept(worker, tree, logits, prefix, bs):
+    return W.DFlashWorkerV2._ddtree_accept_block(
+        worker, tree=tree, next_token_logits=logits, sampling_info=None, draft_input=None,
+        prefix_lens=prefix, bs=bs,
+    )  # fmt: skip
+
+
+@check
+def shadow_linear_equals_dflash():
+    bs, block, hidden_size, vocab = 6, 8, 16, 40
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    # Exact ties in the draft head: DFlash's argmax decides, shadow_linear must keep it.
+    weight[5] = weight[9]
+    lm_head = SimpleNamespace(weight=weight)
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
+    draft_hidden[0, 1] = weight[5] * 4  # rows 5 and 9 tie at the top
+    worker = SimpleNamespace(block_size=block, _ddtree_ops=ops)
+    dflash_next = W.DFlashWorkerV2._greedy_sample_from_vocab_parallel_head(
+        worker, hidden_states=draft_hidden[:, 1:].reshape(-1, hidden_size), lm_head=lm_head
+    ).view(bs, block - 1)
+    roots = torch.randint(0, vocab, (bs,), generator=g)
+    candidates = torch.cat([roots[:, None], dflash_next], dim=1)
+    # Target argmax: matches the chain for a per-request number of steps, then differs.
+    target = torch.randint(0, vocab, (bs, block), generator=g)
+    agree = [0, 1, 3, 7, 2, 5]
+    for b, a in enumerate(agree):
+        target[b, :a] = candidates[b, 1 : a + 1]
+        if a < block - 1:
+            target[b, a] = (candidates[b, a + 1] + 1) % vocab
+    prefix = torch.tensor([3, 10, 0, 7, 2, 30])
+
+    d_len, d_bonus = U.compute_dflash_correct_drafts_and_bonus(
+        candidates=candidates, target_predict=target
+    )
+    d_out, d_commit = _dflash_out_tokens(candidates, d_len, d_bonus)
+
+    tree = U.ddtree_chain_tree(candidates, prefix)
+    t_len, t_commit, t_bonus, t_out, t_seq, accept_index = _accept(
+        worker, tree, _argmax_logits(target, vocab), prefix, bs
+    )
+    cache_loc = torch.arange(bs * block).view(bs, block) + 200
+    commit = ops.commit_indices(accept_index, cache_loc)
+    committed_equal = all(
+        t_out[b, : int(d_commit[b])].tolist() == d_out[b, : int(d_commit[b])].tolist()
+        for b in range(bs)
+    )
+    return {
+        "tie_row_token": int(dflash_next[0, 0]),
+        "draft_chain_is_dflash": same(tree.tokens, candidates),
+        "causal_chain": same(
+            tree.ancestor_mask,
+            torch.tril(torch.ones(block, block, dtype=torch.bool)).expand(bs, -1, -1),
+        ),
+        "positions_consecutive": same(tree.positions, prefix[:, None] + torch.arange(block)),
+        "accept_len_equal": same(t_len, d_len.to(t_len.dtype)),
+        "commit_lens_equal": same(t_commit, d_commit),
+        "bonus_equal": same(t_bonus, d_bonus.to(torch.int64)),
+        "committed_tokens_equal": committed_equal,
+        "new_seq_lens_equal": same(t_seq, prefix + d_commit.to(prefix.dtype)),
+        "commit_is_identity": same(commit.src[commit.src >= 0], commit.dst[commit.dst >= 0]),
+        "accept_lens": d_commit.tolist(),
+    }
+
+
+def _init(server_args, *, hybrid=False):
+    worker = SimpleNamespace(
+        server_args=server_args, block_size=8, tp_rank=1,
+        model_runner=SimpleNamespace(mambaish_config=object() if hybrid else None),
+    )  # fmt: skip
+    try:
+        W.DFlashWorkerV2._init_ddtree(worker)
+    except Exception as e:  # reported, asserted on by the test
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {
+        "mode": worker._ddtree_mode,
+        "budget": worker._ddtree_budget,
+        "topk": worker._ddtree_topk,
+        "ops_loaded": worker._ddtree_ops is ops,
+    }
+
+
+@check
+def worker_init():
+    def missing_kernels():
+        saved = sys.modules.get("ddtree_kernels")
+        sys.modules["ddtree_kernels"] = None  # import now raises ImportError
+        try:
+            return U.load_ddtree_kernels()
+        finally:
+            sys.modules["ddtree_kernels"] = saved
+
+    with patched(W, load_ddtree_kernels=missing_kernels):
+        blocked = _init(ddtree_spec())
+    return {
+        "tree": _init(ddtree_spec()),
+        "shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear")),
+        "hybrid_tree": _init(ddtree_spec(), hybrid=True),
+        "hybrid_tree_allowed": _init(
+            ddtree_spec(speculative_ddtree_allow_hybrid_unsafe=True), hybrid=True
+        ),
+        "hybrid_shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear"), hybrid=True),
+        "budget_too_big": _init(ddtree_spec(speculative_ddtree_budget=8)),
+        "no_kernels": blocked,
+        "algorithm_ddtree": bool(SpeculativeAlgorithm.DDTREE.is_ddtree()),
+    }
+
+
+@check
+def worker_propose_tree():
+    bs, block, hidden_size, vocab, tp = 3, 8, 16, 64, 2
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
+    roots = torch.tensor([1, 2, 3])
+    prefix = torch.tensor([4, 9, 2])
+    host_lens = SimpleNamespace(planning_seq_lens_cpu=None, reserved_seq_lens_cpu=None)
+    batch = SimpleNamespace(seq_lens_cpu=prefix.clone())
+    worker = SimpleNamespace(_ddtree_topk=3, _ddtree_budget=block - 1)
+    kwargs = dict(draft_hidden=draft_hidden, root_tokens=roots, prefix_lens=prefix,
+                  model_worker_batch=batch, draft_input=host_lens)  # fmt: skip
+
+    # The definition: full-vocab top-k log-probs, then the kernels' tree with its mask.
+    ref_logp, ref_ids = plain_topk(draft_hidden[:, 1:].reshape(-1, hidden_size), weight, 3)
+    ref = ops.build_tree(
+        ref_logp.view(bs, block - 1, 3), ref_ids.view(bs, block - 1, 3), roots, prefix,
+        block - 1, int(prefix.sum()),
+    )  # fmt: skip
+
+    single = SimpleNamespace(world_size=1)
+    with patched(W, get_tp_group=lambda: single):
+        tree1 = W.DFlashWorkerV2._ddtree_propose_tree(
+            worker, lm_head=SimpleNamespace(weight=weight), **kwargs
+        )
+
+    group = Group(tp)
+    shard = vocab // tp
+
+    def rank(r: int):
+        head = SimpleNamespace(
+            weight=weight[r * shard : (r + 1) * shard],
+            shard_indices=SimpleNamespace(
+                num_org_elements=shard, org_vocab_start_index=r * shard, num_added_elements=0
+            ),
+        )
+        return W.DFlashWorkerV2._ddtree_propose_tree(worker, lm_head=head, **kwargs)
+
+    with patched(W, get_tp_group=lambda: group):
+        trees = group.run(rank)
+
+    # Under overlap the host holds the planning upper bound of the prefix lengths only.
+    planning = SimpleNamespace(
+        planning_seq_lens_cpu=prefix + 2 * block,
+        planning_seq_lens_sum=int(prefix.sum()) + 3 * 2 * block,
+        reserved_seq_lens_cpu=None,
+    )
+    with patched(W, get_tp_group=lambda: single):
+        tree_overlap = W.DFlashWorkerV2._ddtree_propose_tree(
+            worker, lm_head=SimpleNamespace(weight=weight),
+            **{**kwargs, "model_worker_batch": SimpleNamespace(seq_lens_cpu=None),
+               "draft_input": planning},
+        )  # fmt: skip
+    exact = ref.custom_mask.numel()
+    added = SimpleNamespace(
+        weight=weight,
+        shard_indices=SimpleNamespace(
+            num_org_elements=vocab, org_vocab_start_index=0, num_added_elements=2
+        ),
+    )
+    with patched(W, get_tp_group=lambda: single):
+        try:
+            W.DFlashWorkerV2._ddtree_propose_tree(worker, lm_head=added, **kwargs)
+            added_error = ""
+        except RuntimeError as e:
+            added_error = str(e)
+    return {
+        "tp1_tokens_equal": same(tree1.tokens, ref.tokens),
+        "tp1_mask_equal": same(tree1.custom_mask, ref.custom_mask),
+        "tp1_positions_equal": same(tree1.positions, ref.positions),
+        "tp_ranks_agree": all(same(t.tokens, trees[0].tokens) for t in trees),
+        "tp_tokens_equal": same(trees[0].tokens, ref.tokens),
+        "overlap_mask_prefix_equal": same(tree_overlap.custom_mask[:exact], ref.custom_mask),
+        "overlap_mask_longer": tree_overlap.custom_mask.numel() > exact,
+        "added_vocab_error": added_error,
+    }
+
+
+@check
+def worker_accept_tree_greedy():
+    tokens, parents, target = branching_case()
+    width = tokens.shape[1]
+    tree = SimpleNamespace(tokens=tokens, parents=parents)
+    worker = SimpleNamespace(block_size=width, _ddtree_ops=ops)
+    out = _accept(worker, tree, _argmax_logits(target, 100), torch.tensor([40]), 1)
+    drafts, commit, bonus, out_tokens, seq, accept_index = out
+    return {
+        "drafts": drafts.tolist(),
+        "commit": commit.tolist(),
+        "bonus": bonus.tolist(),
+        "out_tokens": out_tokens.tolist(),
+        "new_seq_lens": seq.tolist(),
+        "accept_index": accept_index.tolist(),
+    }
+
+
+@check
+def worker_mamba_commit():
+    calls = []
+    backend = SimpleNamespace(update_mamba_state_after_mtp_verify=lambda **kw: calls.append(kw))
+    worker = SimpleNamespace(
+        target_worker=SimpleNamespace(
+            model_runner=SimpleNamespace(attn_backend=backend, model=None)
+        ),
+    )
+    batch = SimpleNamespace(mamba_track_indices=None, seq_lens=torch.tensor([14, 21]))
+    accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
+    commit = torch.tensor([4, 1], dtype=torch.int32)
+    kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
+    W.DFlashWorkerV2._update_target_mamba_state_after_verify(
+        worker, **kwargs, accept_index=accept_index
+    )
+    W.DFlashWorkerV2._update_target_mamba_state_after_verify(worker, **kwargs)
+    return {
+        "tree_steps": calls[0]["last_correct_step_indices"].tolist(),
+        "dflash_steps": calls[1]["last_correct_step_indices"].tolist(),
+    }
+
+
+def _ancestor_conv(x, state, weight, parents):
+    """Causal conv of every node over its own path (conv state, root ... node), by hand."""
+    width = weight.shape[1]
+    out = torch.empty_like(x)
+    for b in range(x.shape[0]):
+        for i in range(x.shape[2]):
+            path, j = [], i
+            while j != -1:
+                path.append(j)
+                j = int(parents[b][j])
+            seq = torch.cat([state[b], x[b][:, path[::-1]]], dim=1)
+            out[b, :, i] = (seq[:, -width:] * weight).sum(1)
+    return out
+
+
+@check
+def hybrid_tree_links():
+    """Patch 0007: the real linear-attention backend hands a DDTREE tree's links to the real
+    Triton conv kernel (TRITON_INTERPRET=1), which then convolves each node over its ancestors."""
+    from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_update
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    class FakeMambaPool:  # TEST DOUBLE: HybridReqToTokenPool maps requests to Mamba slots
+        def get_mamba_indices(self, req_pool_indices):
+            return req_pool_indices.to(torch.int32)
+
+    def backend(algorithm, mode="tree", eagle_topk=None):
+        args = SimpleNamespace(
+            speculative_algorithm=algorithm,
+            speculative_ddtree_mode=mode,
+            speculative_eagle_topk=eagle_topk,
+        )
+        runner = SimpleNamespace(
+            device="cpu", server_args=args, req_to_token_pool=FakeMambaPool(),
+            is_draft_worker=False, token_to_kv_pool=None,
+        )  # fmt: skip
+        return H.MambaAttnBackendBase(runner)
+
+    width, bs = 6, 3
+    prefix = torch.tensor([4, 0, 7])
+    logits = torch.randn(bs, width - 1, 50, generator=torch.Generator().manual_seed(5)) * 3
+    top = ops.topk_logprobs(logits, 3)
+    # Budget 4: 5 nodes in a width of 6, one padding node per request.
+    tree = U.ddtree_build_verify_tree(
+        logp=top.logp, ids=top.ids, root_tokens=torch.tensor([11, 12, 13]), prefix_lens=prefix,
+        budget=4, width=width, prefix_lens_sum=int(prefix.sum()),
+    )  # fmt: skip
+    vi = DDTreeVerifyInput(
+        draft_token=tree.tokens.reshape(-1), positions=tree.positions.reshape(-1),
+        draft_token_num=width, custom_mask=tree.custom_mask,
+        retrieve_index=tree.retrieve_index, retrieve_next_token=tree.retrieve_next_token,
+        retrieve_next_sibling=tree.retrieve_next_sibling, tree_parents=tree.parents,
+    )  # fmt: skip
+    verify = SimpleNamespace(
+        batch_size=bs, forward_mode=ForwardMode.TARGET_VERIFY,
+        input_ids=torch.zeros(bs * width, dtype=torch.int64), spec_info=vi,
+        req_pool_indices=torch.arange(bs), mamba_track_mask=None,
+    )  # fmt: skip
+    tree_backend = backend("DDTREE")
+    eager = tree_backend._forward_metadata(verify)
+    tree_backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * width)
+    replay = tree_backend._replay_metadata(
+        bs, torch.arange(bs), ForwardMode.TARGET_VERIFY, vi, torch.tensor([9, 9, 9])
+    )
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(bs, 8, width, generator=g)
+    state = torch.randn(bs, 8, 3, generator=g)
+    weight = torch.randn(8, 4, generator=g)
+    parent_found = torch.empty(bs, width, dtype=torch.int64)
+    conv = causal_conv1d_update(
+        x.clone(), state.clone(), weight,
+        retrieve_next_token=eager.retrieve_next_token,
+        retrieve_next_sibling=eager.retrieve_next_sibling,
+        retrieve_parent_token=parent_found,
+    )  # fmt: skip
+    parents = tree.parents.tolist()
+    real = torch.tensor([[p != -1 or i == 0 for i, p in enumerate(row)] for row in parents])
+    want = _ancestor_conv(x, state, weight, parents)
+    chain = _ancestor_conv(x, state, weight, [[i - 1 for i in range(width)]] * bs)
+    return {
+        "topk": {
+            "ddtree_tree": tree_backend.topk,
+            "ddtree_tree_enum": backend(SpeculativeAlgorithm.DDTREE).topk,
+            "ddtree_shadow": backend("DDTREE", mode="shadow_linear").topk,
+            "dflash": backend("DFLASH", eagle_topk=1).topk,
+            "eagle_topk4": backend("EAGLE", eagle_topk=4).topk,
+        },
+        "eager_links": same(eager.retrieve_next_token, vi.retrieve_next_token)
+        and same(eager.retrieve_next_sibling, vi.retrieve_next_sibling),
+        "graph_links": same(replay.retrieve_next_token, vi.retrieve_next_token.int())
+        and same(replay.retrieve_next_sibling, vi.retrieve_next_sibling.int()),
+        "shadow_links": backend("DDTREE", mode="shadow_linear")
+        ._forward_metadata(verify)
+        .retrieve_next_token
+        is None,
+        "parents_found": same(parent_found[:, 1:][real[:, 1:]], tree.parents[:, 1:][real[:, 1:]])
+        and int(real.sum()) == bs * 5,
+        "conv_follows_tree": torch.allclose(conv[..., :5], want[..., :5], atol=1e-5),
+        "tree_differs_from_chain": not torch.allclose(want[..., :5], chain[..., :5], atol=1e-5),
+    }
+
+
+if __name__ == "__main__":
+    run_forked(sorted(CHECKS) if sys.argv[1:] == ["all"] else sys.argv[1:])
