@@ -92,6 +92,11 @@ class Expected:
                 speculative_ddtree_budget=algo.block_size - 1 if shadow else algo.budget,
                 speculative_ddtree_topk=1 if shadow else algo.topk,
                 speculative_ddtree_allow_hybrid_unsafe=algo.allow_hybrid_unsafe,
+                # The target's verify width: a tree wider than the drafter's block verifies
+                # budget + 1 tokens (the release's set widens it, or compose refused the budget).
+                speculative_num_draft_tokens=(
+                    algo.block_size if shadow else max(algo.block_size, algo.budget + 1)
+                ),
             )
         return cls(fields)
 
