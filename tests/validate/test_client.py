@@ -80,6 +80,9 @@ def test_expected_server_info_asks_for_the_wide_verify_width() -> None:
     assert Expected.of(cfg).mismatches(info) == ["speculative_num_draft_tokens=16 (asked for 64)"]
     shadow = Expected.of(compose_config(["algo=ddtree_shadow"])).fields
     assert shadow["speculative_num_draft_tokens"] == 16
+    # Releases that keep the block width are not asked (0.5.23 reports no such flat field).
+    other = Expected.of(compose_config(["sglang=v0_5_23", "algo=ddtree"])).fields
+    assert "speculative_num_draft_tokens" not in other
 
 
 def test_tree_stand_in_keeps_linear_tokens_and_is_faster(
