@@ -114,20 +114,17 @@ def _algo_problems(cfg: DeployConfig) -> list[str]:
         ]
     if algo.name is not Algo.DDTREE:
         return []
-    max_budget = algo.block_size - 1
-    if not 1 <= algo.budget <= max_budget:
-        return [
-            f"algo.budget={algo.budget} is out of range: it must be between 1 and "
-            f"block_size - 1 = {max_budget} (the verify width stays the block size)."
-        ]
+    if not 1 <= algo.budget <= max_tree_budget(cfg):
+        return [f"algo.budget={algo.budget} is out of range: {_budget_range(cfg)}."]
     if not 1 <= algo.topk <= algo.budget:
         return [
             f"algo.topk={algo.topk} is out of range: it must be between 1 and "
             f"algo.budget = {algo.budget}."
         ]
-    if algo.mode is TreeMode.shadow_linear and (algo.topk != 1 or algo.budget != max_budget):
+    chain = algo.block_size - 1
+    if algo.mode is TreeMode.shadow_linear and (algo.topk != 1 or algo.budget != chain):
         return [
-            f"algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget={max_budget} "
+            f"algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget={chain} "
             f"(got topk={algo.topk}, budget={algo.budget}); use algo=ddtree_shadow."
         ]
     if algo.mode is TreeMode.tree and model.hybrid and not hybrid_tree_allowed(cfg):
@@ -139,6 +136,28 @@ def _algo_problems(cfg: DeployConfig) -> list[str]:
             "for the safe chain mode."
         ]
     return []
+
+
+def max_tree_budget(cfg: DeployConfig) -> int:
+    """The largest tree budget the release's patch set verifies (sglang.ddtree_max_budget), and
+    never less than block_size - 1, which every set verifies within the drafter's block."""
+    declared = cfg.sglang.ddtree_max_budget
+    chain = cfg.algo.block_size - 1
+    return chain if declared is None else max(declared, chain)
+
+
+def _budget_range(cfg: DeployConfig) -> str:
+    """The allowed budgets as the end of a refusal sentence, naming the release and its limit."""
+    limit = max_tree_budget(cfg)
+    if cfg.sglang.ddtree_max_budget is None:
+        return (
+            f"SGLang {cfg.sglang.version}'s patch set verifies between 1 and block_size - 1 = "
+            f"{limit} tree nodes (the verify width stays the block size)"
+        )
+    return (
+        f"SGLang {cfg.sglang.version}'s patch set verifies between 1 and {limit} tree nodes "
+        "(sglang.ddtree_max_budget; the verify width becomes budget + 1)"
+    )
 
 
 def hybrid_tree_allowed(cfg: DeployConfig) -> bool:
@@ -229,7 +248,6 @@ def _tune_problems(cfg: DeployConfig) -> list[str]:
             f"algo=ddtree (got algo.name={algo.name.value}, algo.mode={algo.mode.value}); the grid "
             "is tune.budgets x tune.topks."
         ]
-    max_budget = algo.block_size - 1
     for key, values in (
         ("budgets", tune.budgets),
         ("topks", tune.topks),
@@ -239,10 +257,9 @@ def _tune_problems(cfg: DeployConfig) -> list[str]:
             return [f"tune.{key} is empty; give at least one value, e.g. tune.{key}=[4]."]
         if len(set(values)) != len(values):
             return [f"tune.{key}={list(values)} lists a value twice; name each once."]
-    if bad := [b for b in tune.budgets if not 1 <= b <= max_budget]:
+    if bad := [b for b in tune.budgets if not 1 <= b <= max_tree_budget(cfg)]:
         return [
-            f"tune.budgets={list(tune.budgets)} has {bad[0]} out of range: each budget must be "
-            f"between 1 and block_size - 1 = {max_budget} (the verify width stays the block size)."
+            f"tune.budgets={list(tune.budgets)} has {bad[0]} out of range: {_budget_range(cfg)}."
         ]
     if bad := [k for k in tune.topks if not 1 <= k <= max(tune.budgets)]:
         return [

@@ -79,8 +79,10 @@ class AlgoConfig:
 
     name: Algo = MISSING
     mode: TreeMode = TreeMode.tree
-    block_size: int = 16  # DFlash block; also the verify width
-    budget: int = 15  # non-root tree nodes verified per step, <= block_size - 1
+    block_size: int = 16  # the drafter's DFlash block
+    # Non-root tree nodes verified per step: 1..block_size - 1, or up to the release's
+    # sglang.ddtree_max_budget where its patch set widens the verify to budget + 1 tokens.
+    budget: int = 15
     topk: int = 4  # children kept per draft position, <= budget
     allow_hybrid_unsafe: bool = False
 
@@ -103,6 +105,11 @@ class SglangConfig:
     # DFLASH's tokens exactly and sibling branches accepted (tests/gpulab/RESULTS.md); tree mode
     # on hybrid targets then needs no algo.allow_hybrid_unsafe.
     hybrid_tree_proven: bool = False
+    # The largest DDTREE tree budget this release's patch set verifies. None: block_size - 1,
+    # the set keeps the verify width at the drafter's block size. A number: the set widens the
+    # tree verify to budget + 1 tokens (the drafter keeps its block); per-request custom-mask,
+    # logits and hybrid recurrent-state buffers then grow with the width.
+    ddtree_max_budget: int | None = None
 
 
 @dataclass

@@ -93,6 +93,12 @@ class Expected:
                 speculative_ddtree_topk=1 if shadow else algo.topk,
                 speculative_ddtree_allow_hybrid_unsafe=algo.allow_hybrid_unsafe,
             )
+            if deploy.sglang.ddtree_max_budget is not None:
+                # A set that widens the tree verify reports the target's verify width (a flat
+                # ServerArgs field there; 0.5.23 nests it): budget + 1 past the drafter's block.
+                fields["speculative_num_draft_tokens"] = (
+                    algo.block_size if shadow else max(algo.block_size, algo.budget + 1)
+                )
         return cls(fields)
 
     def mismatches(self, info: dict[str, Any]) -> list[str]:

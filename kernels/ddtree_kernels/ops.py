@@ -17,13 +17,14 @@ import torch
 
 from ddtree_kernels import _extension, reference
 from ddtree_kernels.errors import ExtensionUnavailableError
-from ddtree_kernels.reference import custom_mask_numel
+from ddtree_kernels.reference import check_tree_limits, custom_mask_numel
 from ddtree_kernels.types import Commit, TopK, Tree, Walk
 
 __all__ = [
     "Backend",
     "backend_for",
     "build_tree",
+    "check_tree_limits",
     "commit_indices",
     "custom_mask_numel",
     "require_cuda",

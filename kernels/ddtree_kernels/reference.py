@@ -39,6 +39,28 @@ def custom_mask_numel(prefix_lens_sum: int, batch: int, budget: int) -> int:
     return n * prefix_lens_sum + batch * n * n
 
 
+def check_tree_limits(max_depth: int, k: int, budget: int) -> None:
+    """Raise ValueError unless the CUDA tree build takes L = `max_depth`, K = `k` and `budget`.
+
+    The reference could build larger trees, but it refuses exactly what the kernel refuses, so a
+    configuration that passes on CPU never fails first on a GPU server. The kernel keeps the
+    frontier in registers (budget <= 511) and packs each rank path, most significant rank first,
+    with its depth into one 64-bit sort key.
+    """
+    if not 1 <= budget <= 511:
+        raise ValueError(f"ddtree: the tree build needs 1 <= budget <= 511; got {budget}")
+    if not 1 <= k <= 16:
+        raise ValueError(f"ddtree: the tree build needs 1 <= K <= 16; got {k}")
+    if not 1 <= max_depth <= 32:
+        raise ValueError(f"ddtree: the tree build needs 1 <= L <= 32; got {max_depth}")
+    rank_bits = max(1, (k - 1).bit_length())
+    if max_depth * rank_bits + max_depth.bit_length() > 64:
+        raise ValueError(
+            f"ddtree: the tree build cannot key L={max_depth} ranks of K={k} in 64 bits "
+            "(K = 16 allows L <= 15)"
+        )
+
+
 def check_tree_inputs(
     logp: torch.Tensor,
     ids: torch.Tensor,
@@ -62,8 +84,7 @@ def check_tree_inputs(
     for name, tensor in (("logp", logp), ("ids", ids), ("root_tokens", root_tokens)):
         if not tensor.is_contiguous():
             raise ValueError(f"ddtree: {name} must be contiguous")
-    if budget < 1:
-        raise ValueError(f"budget must be >= 1; got {budget}")
+    check_tree_limits(logp.shape[1], logp.shape[2], budget)
 
 
 def _best_slot(score: torch.Tensor, path: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

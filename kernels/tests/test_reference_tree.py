@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from brute_force import brute_tree
@@ -159,3 +161,53 @@ def test_reference_refuses_the_views_the_cuda_kernel_refuses() -> None:
             logp.transpose(1, 2).contiguous().transpose(1, 2), ids, block_ids[:, 0].clone(),
             torch.zeros(3, dtype=torch.long), 5,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(("max_depth", "k"), [(4, 3), (6, 2), (3, 4)])
+def test_build_tree_matches_brute_force_at_budget_63(max_depth: int, k: int) -> None:
+    """Budget 63 (a 64-token verify, the widest the 0.5.11 patch set serves), tree and mask."""
+    logp, ids = random_topk(2, max_depth, k, vocab=50, seed=63 + max_depth)
+    tree = _build(logp, ids, 63, [5, 0])
+    _assert_matches_brute(tree, logp, ids, 63)
+    assert tree.custom_mask.numel() == 64 * 5 + 2 * 64 * 64
+    first = tree.custom_mask[: 64 * (5 + 64)].view(64, 5 + 64)
+    assert first[:, :5].all()
+    assert torch.equal(first[:, 5:], tree.ancestor_mask[0])
+
+
+def test_build_tree_at_budget_63_with_the_drafters_depth_and_topk_8() -> None:
+    """L = 15, K = 8, budget 63: every node's parent precedes it and its depth is one more."""
+    logp, ids = random_topk(3, 15, 8, vocab=200, seed=7)
+    tree = _build(logp, ids, 63, [3, 0, 11])
+    assert tree.num_nodes.tolist() == [64, 64, 64]
+    parents, depths = tree.parents[:, 1:], tree.depths[:, 1:]
+    assert (parents < torch.arange(1, 64)).all()
+    assert (parents >= 0).all()
+    assert torch.equal(depths, tree.depths.gather(1, parents) + 1)
+    assert tree.ancestor_mask.sum(-1).tolist() == (tree.depths + 1).tolist()
+
+
+@pytest.mark.parametrize(
+    ("max_depth", "k", "budget", "refusal"),
+    [
+        (15, 8, 512, "1 <= budget <= 511; got 512"),
+        (15, 8, 0, "1 <= budget <= 511; got 0"),
+        (4, 17, 63, "1 <= K <= 16; got 17"),
+        (33, 2, 63, "1 <= L <= 32; got 33"),
+        (16, 16, 63, "cannot key L=16 ranks of K=16 in 64 bits"),
+    ],
+)
+def test_reference_refuses_the_sizes_the_cuda_kernel_refuses(
+    max_depth: int, k: int, budget: int, refusal: str
+) -> None:
+    """The kernel's TORCH_CHECKs on budget, K and L (tree.cu), as the reference's ValueErrors."""
+    logp, ids = random_topk(1, max_depth, k, vocab=40, seed=1)
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        reference.build_tree(logp, ids, torch.tensor([1]), torch.tensor([3]), budget)
+
+
+def test_reference_takes_the_largest_sizes_the_cuda_kernel_takes() -> None:
+    for max_depth, k, budget in ((15, 16, 63), (32, 2, 40), (2, 3, 511)):
+        logp, ids = random_topk(1, max_depth, k, vocab=40, seed=2)
+        tree = reference.build_tree(logp, ids, torch.tensor([1]), torch.tensor([3]), budget)
+        assert tree.tokens.shape == (1, budget + 1)

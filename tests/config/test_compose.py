@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddtree_deploy.config import Algo, DeployConfig, Transport, TreeMode, compose_config
+from ddtree_deploy.config.rules import max_tree_budget
 
 HOSTS = ("local", "ct129", "ct200")
 ALGOS = ("dflash", "ddtree", "ddtree_shadow")
@@ -72,3 +73,17 @@ def test_compose_local_paths_follow_ddtree_deploy_home(monkeypatch: pytest.Monke
     cfg = _compose("sglang=v0_5_23")
     assert cfg.host.sglang_venv == "/srv/ddt/local/sglang-0.5.23"
     assert cfg.host.state_dir == "/srv/ddt/local/state"
+
+
+@pytest.mark.parametrize("budget", [31, 63])
+def test_compose_takes_wide_tree_budgets_on_a_release_that_verifies_them(budget: int) -> None:
+    cfg = compose_config(["algo=ddtree", f"algo.budget={budget}", "algo.topk=8"])
+    assert cfg.sglang.version == "0.5.11"
+    assert (cfg.algo.budget, max_tree_budget(cfg)) == (budget, 63)
+
+
+@pytest.mark.parametrize("sglang", ["v0_5_12", "v0_5_13", "v0_5_23"])
+def test_compose_other_releases_keep_the_block_limit_by_default(sglang: str) -> None:
+    cfg = compose_config([f"sglang={sglang}"])
+    assert cfg.sglang.ddtree_max_budget is None
+    assert max_tree_budget(cfg) == cfg.algo.block_size - 1 == 15

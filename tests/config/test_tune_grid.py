@@ -15,9 +15,15 @@ from ddtree_deploy.rollout.tune import candidates
     ("override", "sentence"),
     [
         (
-            "tune.budgets=[4,16]",
-            "tune.budgets=[4, 16] has 16 out of range: each budget must be between 1 and "
-            "block_size - 1 = 15 (the verify width stays the block size).",
+            "tune.budgets=[4,64]",
+            "tune.budgets=[4, 64] has 64 out of range: SGLang 0.5.11's patch set verifies "
+            "between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes "
+            "budget + 1).",
+        ),
+        (
+            "sglang=v0_5_13",
+            "tune.budgets=[4, 31] has 31 out of range: SGLang 0.5.13's patch set verifies "
+            "between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).",
         ),
         ("tune.budgets=[0,8]", "tune.budgets=[0, 8] has 0 out of range"),
         ("tune.topks=[2,9]", "tune.topks=[2, 9] has 9 out of range"),
@@ -29,7 +35,8 @@ from ddtree_deploy.rollout.tune import candidates
 def test_tune_refuses_a_bad_grid_with_one_sentence(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, sentence: str
 ) -> None:
-    rc = main(["action=tune", "tune.budgets=[4,8]", override, f"rollout.runs_dir={tmp_path}"])
+    budgets = "tune.budgets=[4,31]" if override.startswith("sglang=") else "tune.budgets=[4,8]"
+    rc = main(["action=tune", budgets, override, f"rollout.runs_dir={tmp_path}"])
     assert rc == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -46,3 +53,8 @@ def test_tune_grid_rule_applies_to_action_tune_only() -> None:
 def test_tune_default_grid_skips_topk_above_budget() -> None:
     cfg = compose_config(["action=tune", "tune.budgets=[2,8]", "tune.topks=[2,4]"])
     assert [c.slug for c in candidates(cfg)] == ["b2k2", "b8k2", "b8k4"]
+
+
+def test_tune_takes_wide_budgets_where_the_release_verifies_them() -> None:
+    cfg = compose_config(["action=tune", "tune.budgets=[15,31,63]", "tune.topks=[8]"])
+    assert [c.slug for c in candidates(cfg)] == ["b15k8", "b31k8", "b63k8"]

@@ -52,6 +52,11 @@ DDTREE_FIELDS = (
     "speculative_ddtree_mode",
     "speculative_ddtree_allow_hybrid_unsafe",
 )
+# A set that widens the tree verify moves the drafter's block to speculative_dflash_block_size
+# and sets the verify width (speculative_num_draft_tokens) in tree mode; `compare` checks both.
+WIDTH_FIELDS = ("speculative_num_draft_tokens", "speculative_dflash_block_size")
+# The tree budget a set takes when it keeps the verify width at the block size (16 here).
+BLOCK_MAX_BUDGET = 15
 
 # Runs inside the child interpreter: import SGLang's parser once, then answer one argv per
 # stdin line. Each argv is resolved in a fork of that interpreter, so no resolution sees
@@ -234,9 +239,15 @@ def compare(
     sglang_root: str | None,
     pristine_root: str | None = None,
     device: str = "cpu",
+    tree_max_budget: int = BLOCK_MAX_BUDGET,
 ) -> list[tuple[str, bool, str]]:
-    """Run the patch-set promises against real argument resolution."""
+    """Run the patch-set promises against real argument resolution.
+
+    `tree_max_budget` is the largest tree budget the set takes: BLOCK_MAX_BUDGET keeps the verify
+    width at the block size; a larger one adds the rows of a set that widens the tree verify.
+    """
     rows: list[tuple[str, bool, str]] = []
+    wide = tree_max_budget > BLOCK_MAX_BUDGET
     base = base_argv(model_dir, draft_dir, device)
     dflash_argv = [*base, "--speculative-algorithm", "DFLASH"]
 
@@ -283,7 +294,8 @@ def compare(
     )
     rows.append(("DDTREE budget 15 topk 4 resolves", ddtree.ok, ddtree.error))
     if ddtree.ok and dflash.ok:
-        diff = _diff(dflash.fields, ddtree.fields, ignore=DDTREE_FIELDS)
+        ignore = DDTREE_FIELDS + (WIDTH_FIELDS if wide else ())
+        diff = _diff(dflash.fields, ddtree.fields, ignore=ignore)
         rows.append(("DDTREE gets every DFLASH-derived setting", not diff, json.dumps(diff)[:1500]))
         got = {k: ddtree.fields.get(k) for k in DDTREE_FIELDS}
         want = {
@@ -302,6 +314,8 @@ def compare(
                 f"DDTREE {width}, DFLASH {dflash.fields.get('speculative_num_draft_tokens')}",
             )
         )
+    if wide:
+        rows += _wide_tree_rows(python, base, sglang_root, dflash, tree_max_budget)
 
     hybrid = resolve_server_args(
         python,
@@ -343,11 +357,16 @@ def compare(
         )
     )
 
+    over = tree_max_budget + 1
     refusals = [
         (
-            ["--speculative-ddtree-budget", "16"],
-            "--speculative-ddtree-budget 16 exceeds the verify width: it must be between 1 and "
-            "block_size - 1 = 15 (the DFlash block size of the draft model)",
+            ["--speculative-ddtree-budget", str(over)],
+            f"--speculative-ddtree-budget {over} exceeds the verify width: it must be between 1 "
+            + (
+                f"and {tree_max_budget} (tree mode verifies at most {over} tokens per request)"
+                if wide
+                else "and block_size - 1 = 15 (the DFlash block size of the draft model)"
+            ),
         ),
         (["--speculative-ddtree-budget", "0"], "--speculative-ddtree-budget 0"),
         (
@@ -361,6 +380,18 @@ def compare(
             "--speculative-ddtree-budget 16 exceeds the verify width",
         ),
     ]
+    if wide:  # shadow_linear keeps the chain, so the wider tree budgets stay refused there
+        refusals.append(
+            (
+                [
+                    "--speculative-ddtree-mode", "shadow_linear",
+                    "--speculative-ddtree-budget", str(tree_max_budget),
+                ],
+                f"--speculative-ddtree-budget {tree_max_budget} exceeds the verify width: it must "
+                "be between 1 and block_size - 1 = 15 (shadow_linear verifies the DFlash block "
+                "of the draft model)",
+            )
+        )  # fmt: skip
     for extra, sentence in refusals:
         res = resolve_server_args(
             python, [*base, "--speculative-algorithm", "DDTREE", *extra], sglang_root
@@ -375,16 +406,69 @@ def compare(
     return rows
 
 
+def _wide_tree_rows(
+    python: str,
+    base: list[str],
+    sglang_root: str | None,
+    dflash: Resolution,
+    tree_max_budget: int,
+) -> list[tuple[str, bool, str]]:
+    """Rows of a set that widens the tree verify: budgets past the block resolve to a verify
+    width of budget + 1 with the drafter's block kept, and shadow_linear keeps the block width."""
+    rows: list[tuple[str, bool, str]] = []
+    for budget in sorted({31, tree_max_budget}):
+        argv = [*base, "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget",
+                str(budget), "--speculative-ddtree-topk", "8"]  # fmt: skip
+        res = resolve_server_args(python, argv, sglang_root)
+        rows.append((f"DDTREE budget {budget} resolves", res.ok, res.error))
+        got = {k: res.fields.get(k) for k in (*WIDTH_FIELDS, "speculative_ddtree_budget")}
+        want = {
+            "speculative_num_draft_tokens": budget + 1,
+            "speculative_dflash_block_size": 16,
+            "speculative_ddtree_budget": budget,
+        }
+        rows.append(
+            (f"budget {budget}: verify width {budget + 1}, drafter block 16", got == want,
+             json.dumps(got))
+        )  # fmt: skip
+        diff = _diff(dflash.fields, res.fields, ignore=DDTREE_FIELDS + WIDTH_FIELDS)
+        rows.append(
+            (f"budget {budget}: every other setting as DFLASH's", res.ok and not diff,
+             json.dumps(diff)[:1500])
+        )  # fmt: skip
+    shadow = resolve_server_args(
+        python,
+        [*base, "--speculative-algorithm", "DDTREE", "--speculative-ddtree-mode", "shadow_linear"],
+        sglang_root,
+    )
+    got = {k: shadow.fields.get(k) for k in WIDTH_FIELDS}
+    rows.append(
+        (
+            "shadow_linear keeps the verify width at the block size, as DFLASH",
+            shadow.ok and got == {k: dflash.fields.get(k) for k in WIDTH_FIELDS},
+            shadow.error or json.dumps(got),
+        )
+    )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", required=True, help="interpreter of a CPU SGLang venv")
     ap.add_argument("--patched", required=True, help="dir holding a patched sglang/ package")
     ap.add_argument("--pristine", help="dir holding the pristine sglang/ package")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--tree-max-budget", type=int, default=BLOCK_MAX_BUDGET,
+        help="largest DDTREE tree budget the set takes (sglang.ddtree_max_budget)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, draft_dir = write_tiny_model_dirs(Path(tmp))
-        rows = compare(args.python, model_dir, draft_dir, args.patched, args.pristine, args.device)
+        rows = compare(
+            args.python, model_dir, draft_dir, args.patched, args.pristine, args.device,
+            args.tree_max_budget,
+        )  # fmt: skip
     failed = 0
     for name, ok, detail in rows:
         failed += not ok

@@ -21,6 +21,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 from staging import require_staging_venv
 
+from ddtree_deploy.config import compose_config
+from ddtree_deploy.config.rules import max_tree_budget
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
@@ -29,8 +31,11 @@ from patching.trees import real_patch_set
 
 RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14")
 # compare's rows with a pristine tree given: 3 DFLASH, 4 DDTREE, hybrid flag, defaults,
-# shadow_linear, 6 refusals. Fewer would mean a check silently stopped running.
+# shadow_linear, 6 refusals; a set that widens the tree verify adds 3 rows for each of budgets 31
+# and its limit, one for shadow_linear's width and one refusal. Fewer would mean a check silently
+# stopped running.
 ROWS = 16
+WIDE_ROWS = ROWS + 8
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -48,7 +53,12 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     apply_patch_set(host, PurePosixPath(site), patch_set, state)
     assert plan_patch(host, PurePosixPath(site), patch_set).state is SetState.applied
     model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
-    rows = compare(str(python), model_dir, draft_dir, str(site), str(pristine_root(release)))
+    # The limit compose time enforces for this release is the one its set must resolve.
+    limit = max_tree_budget(compose_config([f"sglang=v{release.replace('.', '_')}"]))
+    rows = compare(
+        str(python), model_dir, draft_dir, str(site), str(pristine_root(release)),
+        tree_max_budget=limit,
+    )  # fmt: skip
     failed = [(name, detail) for name, ok, detail in rows if not ok]
     assert failed == []
-    assert len(rows) == ROWS
+    assert len(rows) == (ROWS if limit == 15 else WIDE_ROWS)

@@ -94,7 +94,10 @@ class Service:
         if self.fault == "slow_start":
             delay = max(delay, float(os.environ.get("STANDIN_SLOW_START_S", "3600")))
         self.ready_at = time.monotonic() + delay
-        block = int(server_args.speculative_num_draft_tokens)
+        # The drafter's block: a set that widens the tree verify keeps it apart from the width.
+        block = int(
+            server_args.speculative_dflash_block_size or server_args.speculative_num_draft_tokens
+        )
         tree = self.ddtree and server_args.speculative_ddtree_mode == "tree"
         budget = int(server_args.speculative_ddtree_budget) if tree else block - 1
         if self.fault in ("tree_divergence", "tree_slow") and knobs.fault_budget not in (

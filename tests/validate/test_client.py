@@ -73,6 +73,18 @@ def test_expected_server_info_matches_the_tree_stand_in(local_standin: LocalStan
     ]
 
 
+def test_expected_server_info_asks_for_the_wide_verify_width() -> None:
+    """A budget past the block must come back as a verify width of budget + 1 (0.5.11)."""
+    cfg = compose_config(["algo=ddtree", "algo.budget=63", "algo.topk=8"])
+    info = {**Expected.of(cfg).fields, "speculative_num_draft_tokens": 16}
+    assert Expected.of(cfg).mismatches(info) == ["speculative_num_draft_tokens=16 (asked for 64)"]
+    shadow = Expected.of(compose_config(["algo=ddtree_shadow"])).fields
+    assert shadow["speculative_num_draft_tokens"] == 16
+    # Releases that keep the block width are not asked (0.5.23 reports no such flat field).
+    other = Expected.of(compose_config(["sglang=v0_5_23", "algo=ddtree"])).fields
+    assert "speculative_num_draft_tokens" not in other
+
+
 def test_tree_stand_in_keeps_linear_tokens_and_is_faster(
     standin_root: tuple[Path, Path], local_standin: LocalStandin, tmp_path: Path
 ) -> None:

@@ -367,11 +367,12 @@ def walk_by_hand(tokens, parents, target, b):
         path.append(cur)
 
 
-@check
-def accept_commit():
-    width, prefixes, vocab = 6, [4, 9], 60
+def accept_commit_case(width: int, depth: int, k: int, vocab: int, seed: int) -> dict:
+    """Tree of width - 1 nodes over `depth` draft positions, verified and committed at page
+    sizes 1 and 4 against a by-hand walk (the target follows each node's last child)."""
+    prefixes = [4, 9]
     roots = torch.tensor([11, 12])
-    logp, ids = random_draft(2, width - 1, 3, vocab=vocab, seed=3)
+    logp, ids = random_draft(2, depth, k, vocab=vocab, seed=seed)
     out = {}
     for page_size in (1, 4):
         vi = info.DDTreeVerifyInput.from_draft(
@@ -385,13 +386,15 @@ def accept_commit():
         )
         tokens, parents = vi.draft_token.view(2, width), vi.parents
         # The target agrees with a deep branch: at each node it names the token of the node's
-        # *last* child (not the first), ending with a token outside the tree (the bonus).
-        target = torch.full((2, width), 59)
+        # last child that has children of its own (else its last child; never the first of
+        # several), ending with a token outside the tree (the bonus).
+        target = torch.full((2, width), vocab - 1)
         for b in range(2):
             for i in range(width):
                 kids = [j for j in range(width) if parents[b, j] == i]
+                inner = [j for j in kids if (parents[b] == j).any()]
                 if kids:
-                    target[b, i] = tokens[b, kids[-1]]
+                    target[b, i] = tokens[b, (inner or kids)[-1]]
         logits = torch.full((2 * width, vocab), -5.0)
         logits[torch.arange(2 * width), target.reshape(-1)] = 5.0
         hidden = torch.arange(2 * width, dtype=torch.float32).unsqueeze(1).repeat(1, 3)
@@ -432,7 +435,16 @@ def accept_commit():
             "accept_index_root_first": vi.accept_index[:, 0].tolist() == [0, 0],
             "node_steps": vi.committed_node_steps(torch.tensor(want_commit) - 1).tolist()
             == [walk_by_hand(tokens, parents, target, b)[0][want_commit[b] - 1] for b in range(2)],
+            "draft_token_num": vi.draft_token_num == width,
         }
+    return out
+
+
+@check
+def accept_commit():
+    out = accept_commit_case(width=6, depth=5, k=3, vocab=60, seed=3)
+    # A 64-token verify (budget 63) over the drafter's 15 positions, top-8: the wide tree mode.
+    out["wide"] = accept_commit_case(width=64, depth=15, k=8, vocab=300, seed=4)
     steps = info.DDTreeVerifyInput(
         draft_token=torch.zeros(8, dtype=torch.int64),
         positions=torch.zeros(8, dtype=torch.int64),
@@ -535,6 +547,7 @@ def helpers():
             "speculative_ddtree_topk": 8,
             "speculative_ddtree_allow_hybrid_unsafe": False,
             "speculative_algorithm": "DDTREE",
+            "speculative_num_draft_tokens": 16,  # the verify width (0.5.11 reads it)
             **kw,
         }
     )
@@ -554,7 +567,10 @@ def helpers():
             cfg = utils.DDTreeConfig.from_server_args(
                 args(**kw), block_size=16, is_hybrid=hybrid, device="cpu"
             )
-            return {"ok": True, "shadow": cfg.shadow, "budget": cfg.budget, "topk": cfg.topk}
+            got = {"ok": True, "shadow": cfg.shadow, "budget": cfg.budget, "topk": cfg.topk}
+            if hasattr(cfg, "width"):  # sets that widen the tree verify
+                got["width"] = cfg.width
+            return got
         except (ValueError, RuntimeError) as e:
             return {"ok": False, "error": str(e)}
 
@@ -565,6 +581,23 @@ def helpers():
         "hybrid_shadow": config(hybrid=True, speculative_ddtree_mode="shadow_linear"),
         "budget_too_big": config(speculative_ddtree_budget=16),
     }
+    out["wide"] = None
+    if hasattr(utils, "dflash_draft_block_size"):  # a set that widens the tree verify
+        wide = {"speculative_num_draft_tokens": 64, "speculative_dflash_block_size": 16}
+        out["wide"] = {
+            "config": config(speculative_ddtree_budget=63, **wide),
+            "topk_over_kernel": config(
+                speculative_ddtree_budget=63, speculative_ddtree_topk=17, **wide
+            ),
+            "budget_over_width": config(speculative_ddtree_budget=63),
+            "draft_block": [
+                utils.dflash_draft_block_size(args(**wide)),
+                utils.dflash_draft_block_size(
+                    args(speculative_algorithm="DFLASH", speculative_num_draft_tokens=8)
+                ),
+                utils.dflash_draft_block_size(args(speculative_ddtree_mode="shadow_linear")),
+            ],
+        }
     saved = sys.modules.get("ddtree_kernels")
     sys.modules["ddtree_kernels"] = None  # import fails as if the package were missing
     try:
@@ -675,7 +708,9 @@ def worker_and_server_hunks():
 
     for mode in ("tree", "shadow_linear"):
         worker = SimpleNamespace(
-            ddtree=SimpleNamespace(shadow=mode == "shadow_linear", topk=3, budget=width - 1),
+            ddtree=SimpleNamespace(
+                shadow=mode == "shadow_linear", topk=3, budget=width - 1, width=width
+            ),
             block_size=width,
             page_size=1,
             server_args=SimpleNamespace(
@@ -712,6 +747,9 @@ def worker_and_server_hunks():
             == batch.window[:width].tolist(),
         }
     out["argmax_calls"] = calls
+    out["wide"] = None
+    if hasattr(utils, "dflash_draft_block_size"):  # a set that widens the tree verify
+        out["wide"] = wide_prepare(prepare_fn, FlashInferAttnBackend())
 
     def refusal(backends, mode="tree", device="cuda"):
         fake = SimpleNamespace(
@@ -738,6 +776,47 @@ def worker_and_server_hunks():
     return out
 
 
+def wide_prepare(prepare_fn, attn_backend) -> dict:
+    """The worker hunk in wide tree mode: a 16-token drafter block, a 64-token verify (budget
+    63, top-8). The verify input must be 64 wide: tokens, positions, mask, 64 KV slots."""
+    torch.manual_seed(4)
+    bs, block, width, hidden_size, vocab, prefixes = 2, 16, 64, 8, 300, [3, 6]
+    w = torch.randn(vocab, hidden_size)
+    head = SimpleNamespace(
+        weight=w,
+        shard_indices=VocabParallelEmbedding._get_indices(vocab, vocab, vocab, vocab, 0, 1),
+    )
+    draft_hidden = torch.randn(bs, block, hidden_size)
+    worker = SimpleNamespace(
+        ddtree=SimpleNamespace(shadow=False, topk=8, budget=width - 1, width=width),
+        block_size=block,
+        page_size=1,
+        server_args=SimpleNamespace(speculative_algorithm="DDTREE", speculative_ddtree_mode="tree"),
+        model_runner=SimpleNamespace(attn_backend=attn_backend),
+    )
+    batch = FakeBatch(prefixes, width, 1, [99, 99])
+    batch.forward_mode = ForwardMode.DECODE
+    allocate_window(batch)
+    roots = torch.tensor([1, 2])
+    prepare_fn(worker, batch, draft_hidden, roots, head)
+    vi = batch.spec_info
+    top = reference.topk_logprobs(draft_hidden[:, 1:] @ w.T, 8)
+    ref = reference.build_tree(top.logp, top.ids, roots, torch.tensor(prefixes), width - 1)
+    return {
+        "draft_token_num": vi.draft_token_num,
+        "tokens": torch.equal(vi.draft_token.view(bs, width), ref.tokens),
+        "positions": torch.equal(vi.positions.view(bs, width), ref.positions),
+        "mask_numel": vi.custom_mask.numel(),
+        "mask": torch.equal(vi.custom_mask, sglang_layout(ref.ancestor_mask, prefixes)),
+        "kv_slots": [
+            batch.req_to_token_pool.req_to_token[b, p : p + width].tolist()
+            == batch.window.view(bs, width)[b].tolist()
+            for b, p in enumerate(prefixes)
+        ],
+        "max_depth": int(ref.depths.max()),
+    }
+
+
 def ancestor_conv(x, state, weight, parents):
     """Causal conv of every node over its own path (conv state, root ... node), by hand."""
     width = weight.shape[1]
@@ -757,37 +836,50 @@ def ancestor_conv(x, state, weight, parents):
 def hybrid_tree_links():
     """Patch 0007: the real linear-attention backend hands a DDTREE tree's links to the real
     Triton conv kernel (TRITON_INTERPRET=1), which then convolves each node over its ancestors."""
-    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hybrid
-    from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_update
+    out = hybrid_case(width=6, depth=5, k=3, budget=4)  # 5 nodes in a width of 6: one padding
+    # The wide tree mode: 64 verify tokens (budget 63) over the drafter's 15 positions, top-8;
+    # the graph buffers are sized from the verify width (max_num_tokens // max_bs).
+    out["wide"] = hybrid_case(width=64, depth=15, k=8, budget=63)
+    return out
 
-    class FakeMambaPool:  # TEST DOUBLE: HybridReqToTokenPool maps requests to Mamba slots
+
+def hybrid_backend(algorithm, mode="tree", eagle_topk=None):
+    """SGLang's MambaAttnBackendBase over a TEST DOUBLE pool (HybridReqToTokenPool maps
+    requests to Mamba slots; this one maps request i to slot i)."""
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hybrid
+
+    class FakeMambaPool:
         def get_mamba_indices(self, req_pool_indices):
             return req_pool_indices.to(torch.int32)
 
-    def backend(algorithm, mode="tree", eagle_topk=None):
-        args = SimpleNamespace(
-            speculative_algorithm=algorithm,
-            speculative_ddtree_mode=mode,
-            speculative_eagle_topk=eagle_topk,
-        )
-        runner = SimpleNamespace(
-            device="cpu",
-            server_args=args,
-            req_to_token_pool=FakeMambaPool(),
-            is_draft_worker=False,  # read by 0.5.13's backend
-            token_to_kv_pool=None,  # read by 0.5.13's backend; the verify metadata never uses it
-        )
-        return hybrid.MambaAttnBackendBase(runner)
+    args = SimpleNamespace(
+        speculative_algorithm=algorithm,
+        speculative_ddtree_mode=mode,
+        speculative_eagle_topk=eagle_topk,
+    )
+    runner = SimpleNamespace(
+        device="cpu",
+        server_args=args,
+        req_to_token_pool=FakeMambaPool(),
+        is_draft_worker=False,  # read by 0.5.13's backend
+        token_to_kv_pool=None,  # read by 0.5.13's backend; the verify metadata never uses it
+    )
+    return hybrid.MambaAttnBackendBase(runner)
 
-    width, prefixes, bs = 6, [4, 0, 7], 3
-    logp, ids = random_draft(bs, width - 1, 3)
+
+def hybrid_case(width: int, depth: int, k: int, budget: int) -> dict:
+    from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    prefixes = [4, 0, 7]
+    bs = len(prefixes)
+    logp, ids = random_draft(bs, depth, k, vocab=max(50, 4 * k))
     vi = info.DDTreeVerifyInput.from_draft(
         logp=logp,
         ids=ids,
         root_tokens=torch.tensor([11, 12, 13]),
         prefix_lens=torch.tensor(prefixes),
         prefix_lens_cpu=torch.tensor(prefixes),
-        budget=4,  # 5 nodes in a width of 6: one padding node per request
+        budget=budget,
         width=width,
     )
     verify = SimpleNamespace(
@@ -798,7 +890,7 @@ def hybrid_tree_links():
         req_pool_indices=torch.arange(bs),
         mamba_track_mask=None,
     )
-    tree = backend("DDTREE")
+    tree = hybrid_backend("DDTREE")
     eager = tree._forward_metadata(verify)
     tree.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * width)
     replay = tree._replay_metadata(
@@ -820,29 +912,32 @@ def hybrid_tree_links():
     )
     parents = vi.parents.tolist()
     real = torch.tensor([[p != -1 or i == 0 for i, p in enumerate(row)] for row in parents])
+    n = budget + 1
     want = ancestor_conv(x, state, weight, parents)
     chain = ancestor_conv(x, state, weight, [[i - 1 for i in range(width)]] * bs)
     return {
         "topk": {
             "ddtree_tree": tree.topk,
-            "ddtree_shadow": backend("DDTREE", mode="shadow_linear").topk,
-            "dflash": backend("DFLASH", eagle_topk=1).topk,
-            "eagle_topk4": backend("EAGLE", eagle_topk=4).topk,
+            "ddtree_shadow": hybrid_backend("DDTREE", mode="shadow_linear").topk,
+            "dflash": hybrid_backend("DFLASH", eagle_topk=1).topk,
+            "eagle_topk4": hybrid_backend("EAGLE", eagle_topk=4).topk,
         },
         "eager_links": torch.equal(eager.retrieve_next_token, vi.retrieve_next_token)
         and torch.equal(eager.retrieve_next_sibling, vi.retrieve_next_sibling),
         "graph_links": torch.equal(replay.retrieve_next_token, vi.retrieve_next_token.int())
         and torch.equal(replay.retrieve_next_sibling, vi.retrieve_next_sibling.int()),
-        "shadow_links": backend("DDTREE", mode="shadow_linear")
+        "graph_buffer_width": list(replay.retrieve_next_token.shape),
+        "verify_query_starts": replay.query_start_loc.tolist(),
+        "shadow_links": hybrid_backend("DDTREE", mode="shadow_linear")
         ._forward_metadata(verify)
         .retrieve_next_token
         is None,
         "parents_found": torch.equal(
             parent_found[:, 1:][real[:, 1:]], vi.parents[:, 1:][real[:, 1:]]
         )
-        and int(real.sum()) == bs * 5,
-        "conv_follows_tree": torch.allclose(conv[..., :5], want[..., :5], atol=1e-5),
-        "tree_differs_from_chain": not torch.allclose(want[..., :5], chain[..., :5], atol=1e-5),
+        and int(real.sum()) == bs * n,
+        "conv_follows_tree": torch.allclose(conv[..., :n], want[..., :n], atol=1e-5),
+        "tree_differs_from_chain": not torch.allclose(want[..., :n], chain[..., :n], atol=1e-5),
     }
 
 

@@ -29,6 +29,8 @@ from ddtree_deploy.patching.audit import audit
 from ddtree_deploy.patching.engine import apply_patch_set
 
 RELEASES = ("0.5.11", "0.5.12", "0.5.13")
+# The sets that widen the DDTREE tree verify past the block size (sglang.ddtree_max_budget).
+WIDE = ("0.5.11",)
 REPO = Path(__file__).resolve().parents[4]
 CHECKS = Path(__file__).with_name("checks.py")
 
@@ -162,6 +164,14 @@ def test_accept_commit_path_ordered_kv_and_hidden(
     assert got["path_order"] == [[0, 3, 5, 1, 2, 4], [0, 1, 2, 3, 4, 5]]
 
 
+@pytest.mark.parametrize("page", ["page1", "page4"])
+def test_accept_commit_of_a_64_token_tree(run_check: Callable[[str], dict], page: str) -> None:
+    """Budget 63 over the drafter's 15 positions: walk, KV and hidden compaction at width 64."""
+    got = run_check("accept_commit")["wide"]
+    assert all(got[page].values()), got[page]
+    assert max(got[f"path_depth_p{page[4:]}"]) >= 2
+
+
 def test_shadow_linear_equals_dflash_verify(run_check: Callable[[str], dict]) -> None:
     got = run_check("shadow_equals_dflash")
     assert len(got) == 8
@@ -171,19 +181,39 @@ def test_shadow_linear_equals_dflash_verify(run_check: Callable[[str], dict]) ->
     assert got["p1-greedy-max2"]["accepted"] == [2, 1, 0]  # a request finishing mid-block
 
 
-def test_helpers_config_and_target_tokens(run_check: Callable[[str], dict]) -> None:
+def test_helpers_config_and_target_tokens(release: str, run_check: Callable[[str], dict]) -> None:
     got = run_check("helpers")
     assert got["mask_policy"] == [True, False, True, False, True]
     cfg = got["config"]
-    assert cfg["plain"] == {"ok": True, "shadow": False, "budget": 15, "topk": 8}
+    width = {"width": 16} if release in WIDE else {}  # a wide set's config carries its width
+    assert cfg["plain"] == {"ok": True, "shadow": False, "budget": 15, "topk": 8, **width}
     assert not cfg["hybrid_tree"]["ok"] and "shadow_linear" in cfg["hybrid_tree"]["error"]
     assert "--speculative-ddtree-allow-hybrid-unsafe" in cfg["hybrid_tree"]["error"]
     assert cfg["hybrid_tree_allowed"]["ok"] and cfg["hybrid_shadow"]["ok"]
     assert not cfg["budget_too_big"]["ok"]
+    assert "does not fit the verify width" in cfg["budget_too_big"]["error"]
     assert not cfg["kernels_missing"]["ok"]
     assert "needs the `ddtree_kernels` package" in cfg["kernels_missing"]["error"]
     assert got["greedy_is_argmax"] and got["top_k1_is_argmax"]
     assert got["sampled_tokens"]["got"] == got["sampled_tokens"]["want"]
+
+
+def test_worker_config_takes_the_verify_width(
+    release: str, run_check: Callable[[str], dict]
+) -> None:
+    """A wide set's worker runs a 64-token verify, refuses a budget past the width and a top-k
+    the CUDA tree build refuses, and keeps the drafter's block (16) apart from the width."""
+    wide = run_check("helpers")["wide"]
+    if release not in WIDE:
+        assert wide is None
+        return
+    assert wide["config"] == {"ok": True, "shadow": False, "budget": 63, "topk": 8, "width": 64}
+    assert wide["budget_over_width"] == {
+        "ok": False,
+        "error": "DDTREE budget 63 does not fit the verify width 16: it must be between 1 and 15.",
+    }
+    assert wide["topk_over_kernel"]["error"] == "ddtree: the tree build needs 1 <= K <= 16; got 17"
+    assert wide["draft_block"] == [16, 8, 16]  # tree: the block; DFLASH, shadow: the width
 
 
 def test_worker_hunk_builds_tree_verify_input(run_check: Callable[[str], dict]) -> None:
@@ -195,6 +225,20 @@ def test_worker_hunk_builds_tree_verify_input(run_check: Callable[[str], dict]) 
     assert got["tree"]["has_mask"]  # a tree always carries its mask
     assert not got["shadow_linear"]["has_mask"]  # DFlash's FlashInfer policy: no mask
     assert got["argmax_calls"] == ["argmax"]  # shadow uses DFlash's own argmax head, once
+
+
+def test_worker_hunk_builds_a_64_token_verify_from_a_16_token_block(
+    release: str, run_check: Callable[[str], dict]
+) -> None:
+    wide = run_check("worker_and_server_hunks")["wide"]
+    if release not in WIDE:
+        assert wide is None
+        return
+    assert wide.pop("draft_token_num") == 64
+    assert wide.pop("mask_numel") == (3 + 6) * 64 + 2 * 64 * 64
+    assert wide.pop("kv_slots") == [True, True]
+    assert wide.pop("max_depth") >= 2  # a real tree, not a padded chain
+    assert all(wide.values()), wide
 
 
 def test_attention_backend_refusal_and_default(run_check: Callable[[str], dict]) -> None:
@@ -211,5 +255,15 @@ def test_hybrid_gdn_follows_ddtree_tree_links(run_check: Callable[[str], dict]) 
     """Patch 0007: in tree mode the recurrent layers' conv runs along each node's ancestors."""
     got = run_check("hybrid_tree_links")
     assert got["topk"] == {"ddtree_tree": 2, "ddtree_shadow": 0, "dflash": 1, "eagle_topk4": 4}
+    assert got["eager_links"] and got["graph_links"] and got["shadow_links"]
+    assert got["parents_found"] and got["conv_follows_tree"] and got["tree_differs_from_chain"]
+    assert got["graph_buffer_width"] == [3, 6]
+
+
+def test_hybrid_gdn_follows_a_64_token_tree(run_check: Callable[[str], dict]) -> None:
+    """The recurrent conv along the links of a budget-63 tree; graph buffers 64 wide."""
+    got = run_check("hybrid_tree_links")["wide"]
+    assert got["graph_buffer_width"] == [3, 64]
+    assert got["verify_query_starts"] == [0, 64, 128, 192]
     assert got["eager_links"] and got["graph_links"] and got["shadow_links"]
     assert got["parents_found"] and got["conv_follows_tree"] and got["tree_differs_from_chain"]
