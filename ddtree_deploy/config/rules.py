@@ -22,6 +22,11 @@ _PYTHON_VERSION = re.compile(r"^3\.\d+$")
 _GPU_ARCH = re.compile(r"^sm_\d+[a-z]?$")
 
 
+# What the DDTree tree kernel takes per position (ddtree_kernels.reference.check_tree_limits,
+# which the patched server calls at start); with the 16-token block every K <= 16 fits its key.
+KERNEL_MAX_TOPK = 16
+
+
 def check_config(cfg: DeployConfig) -> None:
     """Raise `ConfigError` for the first broken rule; return quietly when the config is sound."""
     for problem in _problems(cfg):
@@ -116,10 +121,15 @@ def _algo_problems(cfg: DeployConfig) -> list[str]:
         return []
     if not 1 <= algo.budget <= max_tree_budget(cfg):
         return [f"algo.budget={algo.budget} is out of range: {_budget_range(cfg)}."]
-    if not 1 <= algo.topk <= algo.budget:
+    if not 1 <= algo.topk <= min(algo.budget, KERNEL_MAX_TOPK):
         return [
             f"algo.topk={algo.topk} is out of range: it must be between 1 and "
-            f"algo.budget = {algo.budget}."
+            + (
+                f"algo.budget = {algo.budget}."
+                if algo.budget <= KERNEL_MAX_TOPK
+                else f"{KERNEL_MAX_TOPK} (the DDTree tree kernel takes at most {KERNEL_MAX_TOPK} "
+                "candidates per position; the server would refuse it at start)."
+            )
         ]
     chain = algo.block_size - 1
     if algo.mode is TreeMode.shadow_linear and (algo.topk != 1 or algo.budget != chain):
@@ -261,11 +271,11 @@ def _tune_problems(cfg: DeployConfig) -> list[str]:
         return [
             f"tune.budgets={list(tune.budgets)} has {bad[0]} out of range: {_budget_range(cfg)}."
         ]
-    if bad := [k for k in tune.topks if not 1 <= k <= max(tune.budgets)]:
+    if bad := [k for k in tune.topks if not 1 <= k <= min(max(tune.budgets), KERNEL_MAX_TOPK)]:
         return [
             f"tune.topks={list(tune.topks)} has {bad[0]} out of range: each top-k must be between "
             f"1 and the largest budget in tune.budgets ({max(tune.budgets)}), or it names no "
-            "candidate."
+            f"candidate, and at most {KERNEL_MAX_TOPK} (what the DDTree tree kernel takes)."
         ]
     if bad := [c for c in tune.concurrency if c < 1]:
         return [f"tune.concurrency={list(tune.concurrency)} has {bad[0]}: each must be at least 1."]

@@ -20,6 +20,7 @@ CASES = [
     pytest.param(["sglang=v0_5_23", "algo.budget=63"], "algo.budget=63 is out of range: SGLang 0.5.23's patch set verifies between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).", id="budget-wide-on-block-release"),
     pytest.param(["algo=ddtree_shadow", "algo.budget=63"], "algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget=15 (got topk=1, budget=63); use algo=ddtree_shadow.", id="shadow-wide"),
     pytest.param(["algo.topk=0"], "algo.topk=0 is out of range: it must be between 1 and algo.budget = 15.", id="topk-low"),
+    pytest.param(["algo.budget=63", "algo.topk=17"], "algo.topk=17 is out of range: it must be between 1 and 16 (the DDTree tree kernel takes at most 16 candidates per position; the server would refuse it at start).", id="topk-above-kernel"),
     pytest.param(["algo.budget=6", "algo.topk=7"], "algo.topk=7 is out of range: it must be between 1 and algo.budget = 6.", id="topk-above-budget"),
     pytest.param(["algo.block_size=8"], "algo.block_size=8 does not match the draft model's block size 16 (model.draft_block_size of qwen3_8b); set algo.block_size=16.", id="block-size"),
     pytest.param(["host=ct200", "sglang=v0_5_12", "algo=ddtree"], "algo.mode=tree on the hybrid target qwen36_27b needs algo.allow_hybrid_unsafe=true on SGLang 0.5.12: the GPU lab has not proven this release's tree path through recurrent layers (it has for 0.5.11: DFLASH's tokens exactly, with sibling branches accepted); use algo=ddtree_shadow for the safe chain mode.", id="hybrid-tree-unproven-release"),

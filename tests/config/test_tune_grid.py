@@ -8,6 +8,7 @@ import pytest
 
 from ddtree_deploy.cli import main
 from ddtree_deploy.config import compose_config
+from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.rollout.tune import candidates
 
 
@@ -44,6 +45,11 @@ def test_tune_refuses_a_bad_grid_with_one_sentence(
     assert lines[0].startswith("error: ")
     assert sentence in lines[0]
     assert "Traceback" not in err
+
+
+def test_tune_refuses_a_topk_the_tree_kernel_cannot_take() -> None:
+    with pytest.raises(ConfigError, match=r"tune.topks=\[8, 17\] has 17 out of range.* at most 16"):
+        compose_config(["action=tune", "tune.budgets=[63]", "tune.topks=[8,17]"])
 
 
 def test_tune_grid_rule_applies_to_action_tune_only() -> None:
