@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tables import render_table, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 ALGOS = ("dflash", "ddtree_shadow", "ddtree")
@@ -233,32 +233,6 @@ class Server:
     port: int
     log: Path
     started: float
-
-
-def summarize(report: dict[str, Any] | None, exit_code: int) -> dict[str, Any]:
-    """The figures of one validate run that the table shows."""
-    if report is None:
-        return {"exit": exit_code, "gates": {}, "sentence": "no report"}
-    phase = report["phases"][-1] if report["phases"] else {}
-    gates = {g["gate"]: g["outcome"] for g in phase.get("gates", [])}
-    divergence = next((g["divergence"] for g in phase.get("gates", []) if "divergence" in g), None)
-    measured = phase.get("measurement") or {}
-    per = measured.get("per_prompt") or []
-    steps = [
-        p["accept_length"] / p["tokens_per_s"]
-        for p in per
-        if p.get("accept_length") and p.get("tokens_per_s")
-    ]
-    return {
-        "exit": exit_code,
-        "gates": gates,
-        "sentence": report.get("sentence", ""),
-        "divergence": divergence,
-        "accept_length": measured.get("mean_accept_length"),
-        "tokens_per_s": measured.get("tokens_per_s"),
-        "tokens": measured.get("tokens"),
-        "step_ms": round(1000 * sum(steps) / len(steps), 3) if steps else None,
-    }  # fmt: skip
 
 
 def cell_overrides(target: str, algo: str, extra: list[str]) -> list[str]:
@@ -509,71 +483,6 @@ def run_matrix(
             settle = [("dflash", strict), *[(c.algo, [*strict, *c.extra]) for c in diverged]]
             cells.extend(run_cells(lab, target, settle, {"batch1": []}))
             save()
-
-
-def render_table(results: dict[str, Any]) -> str:
-    lines = [f"# GPU lab, SGLang {results['release']} ({results.get('wall_s')} s)", ""]
-    lines += ["| step | exit | s |", "|---|---|---|"]
-    lines += [f"| {s['name']} | {s['exit_code']} | {s['wall_s']} |" for s in results["steps"]]
-    if results["cells"]:
-        lines += ["", *matrix_table(results["cells"])]
-    if results.get("overhead"):
-        lines += ["", *overhead_table(results["overhead"])]
-    if results.get("tune"):
-        lines += ["", results["tune"]]
-    return "\n".join(lines) + "\n"
-
-
-def matrix_table(cells: list[dict[str, Any]]) -> list[str]:
-    lines = ["| target | algo | run | start s | gates | exit | first divergence | accept | tok/s | step ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for cell in cells:
-        algo = " ".join([cell["algo"], *[e.split("=")[-1] for e in cell.get("extra", [])]])
-        if cell["start_error"]:
-            lines.append(
-                f"| {cell['target']} | {algo} | - | failed | {cell['start_error'][-120:]!r} | | | | | |"
-            )
-            continue
-        for label, run in cell["runs"].items():
-            gates = " ".join(f"{g}:{o[0]}" for g, o in run["gates"].items())
-            div = run.get("divergence")
-            where = f"{div['prompt']}@{div['position']}" if div else "none"
-            lines.append(
-                f"| {cell['target']} | {algo} | {label} | {cell['start_s']} | {gates} | {run['exit']} "
-                f"| {where} | {run.get('accept_length')} | {run.get('tokens_per_s')} | {run.get('step_ms')} |"
-            )  # fmt: skip
-    return lines
-
-
-def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
-    """Per concurrency: each algorithm's tok/s and step ms round by round, and shadow_linear /
-    DFLASH as the median of the rounds' paired tok/s ratios. Round 0 is shown but left out of
-    the ratio when later rounds exist: it is the first request of each batch shape on a fresh
-    server (Triton compiles its kernels then)."""
-    broken = [p for p in passes if p.get("start_error")]
-    if broken:
-        return [f"overhead: the {p['algo']} server did not start: {p['start_error'][-300:]!r}"
-                for p in broken]  # fmt: skip
-    lines = ["| in flight | DFLASH tok/s (step ms) by round | shadow_linear tok/s (step ms) by round "
-             "| shadow gate | shadow / DFLASH (median of paired rounds) |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for level in OVERHEAD_CONCURRENCY:
-        runs = {algo: {p["round"]: p for p in passes
-                       if p.get("concurrency") == level and p["algo"] == algo and p.get("tokens_per_s")}
-                for algo in ("dflash", "ddtree_shadow")}  # fmt: skip
-        rounds = sorted(set(runs["dflash"]) & set(runs["ddtree_shadow"]))
-        if not rounds:
-            continue
-        warm = [r for r in rounds if r > 0] or rounds
-        ratio = statistics.median(
-            runs["ddtree_shadow"][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"] for r in warm
-        )  # fmt: skip
-        shown = {a: ", ".join(f"{runs[a][r]['tokens_per_s']} ({runs[a][r].get('step_ms')})" for r in rounds)
-                 for a in runs}  # fmt: skip
-        verdicts = {runs["ddtree_shadow"][r]["gates"].get("shadow_linear", "-") for r in rounds}
-        lines.append(f"| {level} | {shown['dflash']} | {shown['ddtree_shadow']} "
-                     f"| {','.join(sorted(verdicts))} | {ratio:.3f} |")  # fmt: skip
-    return lines
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpulab.run import overhead_table, render_table, summarize
+from gpulab.tables import overhead_table, render_table, summarize
 
 RECORDED = Path(__file__).with_name("recorded")
 

@@ -1,12 +1,13 @@
-"""Fixtures for the worker-v2 verify-path checks (0.5.14, 0.5.23), run on CPU.
+"""Fixtures for the verify-path checks of every release with a set, run on CPU.
 
 A test module (or its `release` fixture) names the release; `check(name)` gives the JSON one
 check printed. Every check of a release runs once per session, in one interpreter of that
-release's staging venv with a fork per check: `v<release>/checks_<release>.py`, with a patched
-copy of the wheel's `sglang/` (the whole series applied by GNU patch at fuzz 0) first on
-PYTHONPATH, then this folder (`worker_v2_checks.py`, the checks the releases share) and
-`kernels/` (ddtree_kernels, pure-torch reference). Without the staging venv the tests skip, or
-fail when DDTREE_REQUIRE_STAGING=1.
+release's staging venv with a fork per check (checklib.py): `v<release>/checks_<release>.py`
+(or the module's `checks_script`: 0.5.11-0.5.13 share v0511/checks.py), with a patched copy of
+the wheel's `sglang/` (the whole series applied by GNU patch at fuzz 0) first on PYTHONPATH,
+then this folder (checklib.py; `worker_v2_checks.py`, the checks the worker-v2 releases share)
+and `kernels/` (ddtree_kernels, pure-torch reference). Without the staging venv the tests skip,
+or fail when DDTREE_REQUIRE_STAGING=1.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ HERE = Path(__file__).parent
 REPO = HERE.parents[2]
 KERNELS = REPO / "kernels"
 
+MARK = "@@JSON@@"  # checklib.MARK: the line prefix of one check's result
 _ROOTS: dict[str, Path] = {}
 _RESULTS: dict[str, dict[str, dict]] = {}
 
@@ -61,8 +63,8 @@ def _run_checks(python: str, root: Path, script: Path) -> dict[str, dict]:
     )
     results = {}
     for line in proc.stdout.splitlines():
-        if line.startswith("@@JSON@@"):
-            data = json.loads(line[len("@@JSON@@") :])
+        if line.startswith(MARK):
+            data = json.loads(line[len(MARK) :])
             results[data.pop("name")] = data
     assert results, f"no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
     return results
@@ -87,14 +89,24 @@ def patched_root(
 
 
 @pytest.fixture(scope="module")
-def check(release: str, staging_python: str, patched_root: Path) -> Callable[[str], dict]:
+def checks_script(release: str) -> Path:
+    """The release's check script; a test module whose releases share one overrides this."""
+    return _checks_script(release)
+
+
+@pytest.fixture(scope="module")
+def check(
+    release: str, staging_python: str, patched_root: Path, checks_script: Path
+) -> Callable[[str], dict]:
+    """`check(name)`: what that check returned, once every check of the release has run."""
+
     def one(name: str) -> dict:
         if release not in _RESULTS:
-            _RESULTS[release] = _run_checks(staging_python, patched_root, _checks_script(release))
+            _RESULTS[release] = _run_checks(staging_python, patched_root, checks_script)
         results = _RESULTS[release]
         assert name in results, f"{name} reported nothing"
         result = results[name]
         assert result["ok"], result.get("trace", result)
-        return dict(result)
+        return {k: v for k, v in result.items() if k != "ok"}
 
     return one

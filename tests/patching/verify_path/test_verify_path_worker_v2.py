@@ -141,7 +141,7 @@ def test_worker_greedy_tree_accept(check: Callable[[str], dict]) -> None:
 
 def test_capture_mask_only_for_tree_mode(check: Callable[[str], dict]) -> None:
     assert check("capture_mask_predicate") == {
-        "ok": True, "ddtree_tree": True, "ddtree_shadow": False, "dflash": False,
+        "ddtree_tree": True, "ddtree_shadow": False, "dflash": False,
     }  # fmt: skip
 
 

@@ -2,8 +2,8 @@
 
 Imported by each release's `checks_<release>.py`, run inside that release's staging venv with
 the patched `sglang/` first on PYTHONPATH, then this folder and `kernels/` (ddtree_kernels, its
-pure-torch reference on CPU). `@check` registers a check in CHECKS; `run_forked` runs checks by
-name, one fork each, and prints one `@@JSON@@` line per check.
+pure-torch reference on CPU). The registry, the fork per check and the TP-group double come
+from checklib.py.
 
 Real: the dflash_utils helpers the patch sets add, DDTreeVerifyInput, SpeculativeAlgorithm,
 SpecInputType and SGLang's native KV move. TEST DOUBLES, because the real objects need several
@@ -13,66 +13,15 @@ GPUs: `Group` (TP ranks as threads).
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
-import threading
 from types import SimpleNamespace
 
 import sglang.srt.speculative.dflash_utils as U
 import torch
+from checklib import Group, check, same
 from ddtree_kernels import ops
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.speculative.dflash_info import DDTreeVerifyInput, DFlashVerifyInput
 from sglang.srt.speculative.spec_info import SpecInputType, SpeculativeAlgorithm
-
-CHECKS = {}
-
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
-
-
-def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.equal(a, b))
-
-
-class Group:
-    """`size` TP ranks, one thread each; all_gather_into_tensor concatenates along dim 0."""
-
-    def __init__(self, size: int) -> None:
-        self.world_size = size
-        self._barrier = threading.Barrier(size)
-        self._parts: list = [None] * size
-        self._rank = threading.local()
-
-    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        self._parts[self._rank.value] = inp.clone()
-        self._barrier.wait()
-        out.copy_(torch.cat(self._parts, dim=0).view_as(out))
-        self._barrier.wait()
-
-    def run(self, fn):
-        """fn(rank) on every rank in its own thread; the per-rank results."""
-        results: list = [None] * self.world_size
-        errors: list = []
-
-        def body(rank: int) -> None:
-            self._rank.value = rank
-            try:
-                results[rank] = fn(rank)
-            except BaseException as e:  # surfaced below
-                errors.append(e)
-                self._barrier.abort()
-
-        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.world_size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return results
 
 
 def plain_topk(hidden: torch.Tensor, weight: torch.Tensor, k: int):
@@ -432,30 +381,3 @@ def hybrid_refusal():
         except ValueError as e:
             out[name] = str(e)
     return out
-
-
-def _result(name: str) -> dict:
-    try:
-        return {"ok": True, **CHECKS[name]()}
-    except Exception as e:  # the test prints this
-        import traceback
-
-        return {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-
-
-def run_forked(names: list[str]) -> None:
-    """Each check in its own fork of this interpreter (SGLang and torch imported once): one
-    `@@JSON@@ {"name": ..., ...}` line per check, even for one whose process dies."""
-    import os
-
-    for name in names:
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:
-            sys.stdout.write("@@JSON@@" + json.dumps({"name": name, **_result(name)}) + "\n")
-            sys.stdout.flush()
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        if status:
-            died = {"name": name, "ok": False, "error": f"the check's process exited {status}"}
-            print("@@JSON@@" + json.dumps(died), flush=True)

@@ -2,61 +2,37 @@
 
 Run as `python checks.py NAME... | all` with the patched `sglang/` first on PYTHONPATH, `kernels/`
 (the ddtree_kernels reference ops) importable and TRITON_INTERPRET=1 (SGLang's Triton
-req_to_token kernel then runs on CPU tensors). Each check runs in its own fork (the imports are
-paid once) and prints one JSON line; the pytest side asserts on it.
+req_to_token kernel then runs on CPU tensors), and this folder's parent (checklib.py: each check
+runs in its own fork, the imports paid once, and prints one JSON line the pytest side asserts on).
 
 What is real: every DDTREE function the patches add, DFlashVerifyInput (prepare_for_verify,
 verify), SGLang's ForwardMode, vocab shard indices, Triton req_to_token writer and native KV
 move, the hybrid backend's verify metadata and its Triton conv kernel (interpreted). TEST
 DOUBLES (a ScheduleBatch needs a scheduler, a Req a tokenizer, a KV pool a GPU): `FakeBatch`,
-`FakeReq`, `FakeAllocator`, `FakeMambaPool`, `FakeGroup` (simulated TP ranks in threads).
+`FakeReq`, `FakeAllocator`, `FakeMambaPool`, checklib's `Group` (simulated TP ranks in threads).
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import json
+import functools
 import sys
 import textwrap
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import sglang.srt.speculative.dflash_info as info
 import sglang.srt.speculative.dflash_utils as utils
 import torch
+from checklib import Group, ancestor_conv, check, main
 from ddtree_kernels import reference
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-CHECKS = {}
-
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
-
-
 # ---------------------------------------------------------------- test doubles
-
-
-class FakeGroup:
-    """TP group of `size` ranks, one thread each: all_gather_into_tensor concatenates on dim 0."""
-
-    def __init__(self, size: int) -> None:
-        self.world_size = size
-        self.barrier = threading.Barrier(size)
-        self.slots: list = [None] * size
-        self.local = threading.local()
-
-    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        self.slots[self.local.rank] = inp.clone()
-        self.barrier.wait()
-        out.copy_(torch.cat(self.slots, dim=0).view_as(out))
-        self.barrier.wait()
 
 
 class FakeReq:
@@ -168,6 +144,13 @@ def run_verify(
 # ---------------------------------------------------------------- draft log-probs
 
 
+def _rank_topk(hs, heads, k, group, rank):
+    """One TP rank's DDTree top-k over its shard of the head."""
+    return utils.ddtree_topk_logprobs_from_vocab_parallel_head(
+        hidden_states=hs, lm_head=heads[rank], k=k, tp_group=group, chunk_size=3
+    )
+
+
 def shard_head(
     w_full: torch.Tensor, org: int, org_padded: int, vocab_padded: int, rank: int, tp: int
 ):
@@ -201,30 +184,9 @@ def draft_logprobs():
         want_logp, want_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
         want_logp = (want_logp - torch.logsumexp(logits, dim=-1, keepdim=True))[:, :k]
         for tp in (1, 2, 4):
-            group = FakeGroup(tp)
-            outs: list = [None] * tp
-
-            def rank_main(rank: int, tp: int, group: FakeGroup, outs: list, head) -> None:
-                group.local.rank = rank
-                outs[rank] = utils.ddtree_topk_logprobs_from_vocab_parallel_head(
-                    hidden_states=hs, lm_head=head, k=k, tp_group=group, chunk_size=3
-                )
-
-            threads = [
-                threading.Thread(
-                    target=rank_main,
-                    args=(
-                        r,
-                        tp,
-                        group,
-                        outs,
-                        shard_head(w_full, org, org_padded, vocab_padded, r, tp),
-                    ),
-                )
-                for r in range(tp)
-            ]
-            [t.start() for t in threads]
-            [t.join() for t in threads]
+            group = Group(tp)
+            heads = [shard_head(w_full, org, org_padded, vocab_padded, r, tp) for r in range(tp)]
+            outs = group.run(functools.partial(_rank_topk, hs, heads, k, group))
             results[f"{label}-tp{tp}"] = {
                 "max_logp_err": max(float((o[0] - want_logp).abs().max()) for o in outs),
                 "ids_equal": all(torch.equal(o[1], want_ids[:, :k]) for o in outs),
@@ -689,7 +651,7 @@ def worker_and_server_hunks():
         "ddtree_topk_logprobs_from_vocab_parallel_head": utils.ddtree_topk_logprobs_from_vocab_parallel_head,
         "resolve_dflash_verify_mask_policy": utils.resolve_dflash_verify_mask_policy,
         "ddtree_build_custom_mask": utils.ddtree_build_custom_mask,
-        "get_tp_group": lambda: FakeGroup(1),
+        "get_tp_group": lambda: Group(1),
     }
     prepare_fn = function_from(
         root / "speculative/dflash_worker.py", "DFlashWorker._prepare_ddtree_verify", ns
@@ -817,21 +779,6 @@ def wide_prepare(prepare_fn, attn_backend) -> dict:
     }
 
 
-def ancestor_conv(x, state, weight, parents):
-    """Causal conv of every node over its own path (conv state, root ... node), by hand."""
-    width = weight.shape[1]
-    out = torch.empty_like(x)
-    for b in range(x.shape[0]):
-        for i in range(x.shape[2]):
-            path, j = [], i
-            while j != -1:
-                path.append(j)
-                j = int(parents[b][j])
-            seq = torch.cat([state[b], x[b][:, path[::-1]]], dim=1)
-            out[b, :, i] = (seq[:, -width:] * weight).sum(1)
-    return out
-
-
 @check
 def hybrid_tree_links():
     """Patch 0007: the real linear-attention backend hands a DDTREE tree's links to the real
@@ -941,28 +888,5 @@ def hybrid_case(width: int, depth: int, k: int, budget: int) -> dict:
     }
 
 
-def run_forked(names: list[str]) -> None:
-    """Each check in its own fork of this interpreter (SGLang and torch imported once): one
-    `@@RESULT@@ {"name": ..., "result" | "error": ...}` line per check, even for one that dies."""
-    import os
-    import traceback
-
-    for name in names:
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                line = {"name": name, "result": CHECKS[name]()}
-            except BaseException:
-                line = {"name": name, "error": traceback.format_exc()[-3000:]}
-            sys.stdout.write("@@RESULT@@" + json.dumps(line) + "\n")
-            sys.stdout.flush()
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        if status:
-            died = {"name": name, "error": f"the check's process exited with status {status}"}
-            print("@@RESULT@@" + json.dumps(died), flush=True)
-
-
 if __name__ == "__main__":
-    run_forked(sorted(CHECKS) if sys.argv[1:] == ["all"] else sys.argv[1:])
+    main(sys.argv[1:])

@@ -12,16 +12,11 @@ fail when DDTREE_REQUIRE_STAGING=1.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
 from patching.trees import real_patch_set
-from staging import require_staging_venv
 
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
@@ -31,7 +26,6 @@ from ddtree_deploy.patching.engine import apply_patch_set
 RELEASES = ("0.5.11", "0.5.12", "0.5.13")
 # The sets that widen the DDTREE tree verify past the block size (sglang.ddtree_max_budget).
 WIDE = ("0.5.11",)
-REPO = Path(__file__).resolve().parents[4]
 CHECKS = Path(__file__).with_name("checks.py")
 
 
@@ -40,28 +34,13 @@ def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _gnu_patch_series(site: Path, release: str) -> None:
-    for patch in real_patch_set(release).patches:
-        subprocess.run(
-            ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-s", "-i",
-             str(real_patch_set(release).directory / patch.name)],
-            cwd=site, check=True, capture_output=True, text=True,
-        )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def patched_site(
-    release: str, pristine_root: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """The pristine wheel's files with the whole series applied by `patch -p1 --fuzz=0`."""
-    site = tmp_path_factory.mktemp(f"patched-{release}")
-    shutil.copytree(pristine_root(release) / "sglang", site / "sglang")
-    _gnu_patch_series(site, release)
-    return site
+def checks_script() -> Path:
+    return CHECKS
 
 
 def test_gnu_patch_applies_series_and_reaches_recorded_hashes(
-    release: str, patched_site: Path
+    release: str, patched_root: Path
 ) -> None:
     import hashlib
 
@@ -72,7 +51,7 @@ def test_gnu_patch_applies_series_and_reaches_recorded_hashes(
     assert {"sglang/srt/speculative/dflash_worker.py", "sglang/srt/speculative/dflash_info.py",
             "sglang/srt/speculative/dflash_utils.py",
             "sglang/srt/model_executor/cuda_graph_runner.py"} <= set(final)  # fmt: skip
-    got = {p: hashlib.sha256((patched_site / p).read_bytes()).hexdigest() for p in final}
+    got = {p: hashlib.sha256((patched_root / p).read_bytes()).hexdigest() for p in final}
     assert got == final
 
 
@@ -87,43 +66,13 @@ def test_audit_of_patched_release_has_no_unreviewed_gate(
     assert report.passed
 
 
-@pytest.fixture(scope="module")
-def run_check(release: str, patched_site: Path) -> Callable[[str], dict]:
-    """Every check of checks.py, run once per release in one interpreter (a fork each)."""
-    python = require_staging_venv(release) / "bin" / "python"
-    results: dict[str, dict] = {}
-
-    def run(name: str) -> dict:
-        if not results:
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            env.update(
-                PYTHONPATH=f"{patched_site}{os.pathsep}{REPO / 'kernels'}",
-                TRITON_INTERPRET="1",  # SGLang's Triton req_to_token writer on CPU tensors
-                CUDA_VISIBLE_DEVICES="",
-            )
-            proc = subprocess.run(
-                [str(python), str(CHECKS), "all"], capture_output=True, text=True, env=env,
-                cwd=patched_site, timeout=1200,
-            )  # fmt: skip
-            for line in proc.stdout.splitlines():
-                if line.startswith("@@RESULT@@"):
-                    data = json.loads(line[len("@@RESULT@@") :])
-                    results[data["name"]] = data
-            assert results, f"checks.py did not start:\n{proc.stderr[-3000:]}"
-        assert name in results, f"{name} reported nothing"
-        assert "error" not in results[name], f"{name} failed:\n{results[name]['error']}"
-        return dict(results[name]["result"])
-
-    return run
-
-
-def test_checks_import_the_patched_copy(run_check: Callable[[str], dict]) -> None:
+def test_checks_import_the_patched_copy(check: Callable[[str], dict]) -> None:
     # worker_and_server_hunks reads the worker source next to the imported sglang package.
-    assert run_check("worker_and_server_hunks")["tree"]["verify_type"] == "DDTreeVerifyInput"
+    assert check("worker_and_server_hunks")["tree"]["verify_type"] == "DDTreeVerifyInput"
 
 
-def test_draft_logprobs_equal_plain_torch_incl_tp_merge(run_check: Callable[[str], dict]) -> None:
-    got = run_check("draft_logprobs")
+def test_draft_logprobs_equal_plain_torch_incl_tp_merge(check: Callable[[str], dict]) -> None:
+    got = check("draft_logprobs")
     assert set(got["cases"]) == {f"{v}-tp{t}" for v in ("base", "added") for t in (1, 2, 4)}
     for case, res in got["cases"].items():
         assert res["ids_equal"], case
@@ -134,15 +83,15 @@ def test_draft_logprobs_equal_plain_torch_incl_tp_merge(run_check: Callable[[str
 
 @pytest.mark.parametrize("budget", ["budget5", "budget3"])  # full width, and padded to it
 def test_tree_arrays_and_mask_match_kernels_and_sglang_layout(
-    run_check: Callable[[str], dict], budget: str
+    check: Callable[[str], dict], budget: str
 ) -> None:
-    res = run_check("tree_arrays")[budget]
+    res = check("tree_arrays")[budget]
     assert res.pop("draft_token_num") == 6
     assert all(res.values()), res
 
 
-def test_shadow_chain_mask_is_dflash_causal_mask(run_check: Callable[[str], dict]) -> None:
-    got = run_check("tree_arrays")
+def test_shadow_chain_mask_is_dflash_causal_mask(check: Callable[[str], dict]) -> None:
+    got = check("tree_arrays")
     assert got["shadow"] == {
         "tokens": True,
         "positions": True,
@@ -154,9 +103,9 @@ def test_shadow_chain_mask_is_dflash_causal_mask(run_check: Callable[[str], dict
 
 @pytest.mark.parametrize("page", ["page1", "page4"])
 def test_accept_commit_path_ordered_kv_and_hidden(
-    run_check: Callable[[str], dict], page: str
+    check: Callable[[str], dict], page: str
 ) -> None:
-    got = run_check("accept_commit")
+    got = check("accept_commit")
     assert all(got[page].values()), got[page]
     # the chosen branch is a deep one through non-first children, so reordering is exercised
     assert max(got[f"path_depth_p{page[4:]}"]) >= 2
@@ -165,15 +114,15 @@ def test_accept_commit_path_ordered_kv_and_hidden(
 
 
 @pytest.mark.parametrize("page", ["page1", "page4"])
-def test_accept_commit_of_a_64_token_tree(run_check: Callable[[str], dict], page: str) -> None:
+def test_accept_commit_of_a_64_token_tree(check: Callable[[str], dict], page: str) -> None:
     """Budget 63 over the drafter's 15 positions: walk, KV and hidden compaction at width 64."""
-    got = run_check("accept_commit")["wide"]
+    got = check("accept_commit")["wide"]
     assert all(got[page].values()), got[page]
     assert max(got[f"path_depth_p{page[4:]}"]) >= 2
 
 
-def test_shadow_linear_equals_dflash_verify(run_check: Callable[[str], dict]) -> None:
-    got = run_check("shadow_equals_dflash")
+def test_shadow_linear_equals_dflash_verify(check: Callable[[str], dict]) -> None:
+    got = check("shadow_equals_dflash")
     assert len(got) == 8
     for case, res in got.items():
         assert res["equal"], (case, res["diff"])
@@ -181,8 +130,8 @@ def test_shadow_linear_equals_dflash_verify(run_check: Callable[[str], dict]) ->
     assert got["p1-greedy-max2"]["accepted"] == [2, 1, 0]  # a request finishing mid-block
 
 
-def test_helpers_config_and_target_tokens(release: str, run_check: Callable[[str], dict]) -> None:
-    got = run_check("helpers")
+def test_helpers_config_and_target_tokens(release: str, check: Callable[[str], dict]) -> None:
+    got = check("helpers")
     assert got["mask_policy"] == [True, False, True, False, True]
     cfg = got["config"]
     width = {"width": 16} if release in WIDE else {}  # a wide set's config carries its width
@@ -199,11 +148,11 @@ def test_helpers_config_and_target_tokens(release: str, run_check: Callable[[str
 
 
 def test_worker_config_takes_the_verify_width(
-    release: str, run_check: Callable[[str], dict]
+    release: str, check: Callable[[str], dict]
 ) -> None:
     """A wide set's worker runs a 64-token verify, refuses a budget past the width and a top-k
     the CUDA tree build refuses, and keeps the drafter's block (16) apart from the width."""
-    wide = run_check("helpers")["wide"]
+    wide = check("helpers")["wide"]
     if release not in WIDE:
         assert wide is None
         return
@@ -216,8 +165,8 @@ def test_worker_config_takes_the_verify_width(
     assert wide["draft_block"] == [16, 8, 16]  # tree: the block; DFLASH, shadow: the width
 
 
-def test_worker_hunk_builds_tree_verify_input(run_check: Callable[[str], dict]) -> None:
-    got = run_check("worker_and_server_hunks")
+def test_worker_hunk_builds_tree_verify_input(check: Callable[[str], dict]) -> None:
+    got = check("worker_and_server_hunks")
     for mode in ("tree", "shadow_linear"):
         res = got[mode]
         assert res["verify_type"] == "DDTreeVerifyInput"
@@ -228,9 +177,9 @@ def test_worker_hunk_builds_tree_verify_input(run_check: Callable[[str], dict]) 
 
 
 def test_worker_hunk_builds_a_64_token_verify_from_a_16_token_block(
-    release: str, run_check: Callable[[str], dict]
+    release: str, check: Callable[[str], dict]
 ) -> None:
-    wide = run_check("worker_and_server_hunks")["wide"]
+    wide = check("worker_and_server_hunks")["wide"]
     if release not in WIDE:
         assert wide is None
         return
@@ -241,8 +190,8 @@ def test_worker_hunk_builds_a_64_token_verify_from_a_16_token_block(
     assert all(wide.values()), wide
 
 
-def test_attention_backend_refusal_and_default(run_check: Callable[[str], dict]) -> None:
-    got = run_check("worker_and_server_hunks")
+def test_attention_backend_refusal_and_default(check: Callable[[str], dict]) -> None:
+    got = check("worker_and_server_hunks")
     refusals = got["refusals"]
     for backend in ("fa3", "trtllm_mha", "mixed"):
         assert "only flashinfer and triton" in refusals[backend], backend
@@ -251,18 +200,18 @@ def test_attention_backend_refusal_and_default(run_check: Callable[[str], dict])
     assert got["default_backend_tree"] in ("flashinfer", "triton")
 
 
-def test_hybrid_gdn_follows_ddtree_tree_links(run_check: Callable[[str], dict]) -> None:
+def test_hybrid_gdn_follows_ddtree_tree_links(check: Callable[[str], dict]) -> None:
     """Patch 0007: in tree mode the recurrent layers' conv runs along each node's ancestors."""
-    got = run_check("hybrid_tree_links")
+    got = check("hybrid_tree_links")
     assert got["topk"] == {"ddtree_tree": 2, "ddtree_shadow": 0, "dflash": 1, "eagle_topk4": 4}
     assert got["eager_links"] and got["graph_links"] and got["shadow_links"]
     assert got["parents_found"] and got["conv_follows_tree"] and got["tree_differs_from_chain"]
     assert got["graph_buffer_width"] == [3, 6]
 
 
-def test_hybrid_gdn_follows_a_64_token_tree(run_check: Callable[[str], dict]) -> None:
+def test_hybrid_gdn_follows_a_64_token_tree(check: Callable[[str], dict]) -> None:
     """The recurrent conv along the links of a budget-63 tree; graph buffers 64 wide."""
-    got = run_check("hybrid_tree_links")["wide"]
+    got = check("hybrid_tree_links")["wide"]
     assert got["graph_buffer_width"] == [3, 64]
     assert got["verify_query_starts"] == [0, 64, 128, 192]
     assert got["eager_links"] and got["graph_links"] and got["shadow_links"]

@@ -23,21 +23,12 @@ from types import SimpleNamespace
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
+from checklib import Group, ancestor_conv, check, main, same
 from ddtree_kernels import ops
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
 from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from worker_v2_checks import (
-    CHECKS,
-    Group,
-    branching_case,
-    check,
-    ddtree_spec,
-    patched,
-    plain_topk,
-    run_forked,
-    same,
-)
+from worker_v2_checks import branching_case, ddtree_spec, patched, plain_topk
 
 
 def _dflash_out_tokens(candidates, accept_len, bonus):
@@ -285,21 +276,6 @@ def worker_mamba_commit():
     }
 
 
-def _ancestor_conv(x, state, weight, parents):
-    """Causal conv of every node over its own path (conv state, root ... node), by hand."""
-    width = weight.shape[1]
-    out = torch.empty_like(x)
-    for b in range(x.shape[0]):
-        for i in range(x.shape[2]):
-            path, j = [], i
-            while j != -1:
-                path.append(j)
-                j = int(parents[b][j])
-            seq = torch.cat([state[b], x[b][:, path[::-1]]], dim=1)
-            out[b, :, i] = (seq[:, -width:] * weight).sum(1)
-    return out
-
-
 @check
 def hybrid_tree_links():
     """Patch 0007: the real linear-attention backend hands a DDTREE tree's links to the real
@@ -363,8 +339,8 @@ def hybrid_tree_links():
     )  # fmt: skip
     parents = tree.parents.tolist()
     real = torch.tensor([[p != -1 or i == 0 for i, p in enumerate(row)] for row in parents])
-    want = _ancestor_conv(x, state, weight, parents)
-    chain = _ancestor_conv(x, state, weight, [[i - 1 for i in range(width)]] * bs)
+    want = ancestor_conv(x, state, weight, parents)
+    chain = ancestor_conv(x, state, weight, [[i - 1 for i in range(width)]] * bs)
     return {
         "topk": {
             "ddtree_tree": tree_backend.topk,
@@ -389,4 +365,4 @@ def hybrid_tree_links():
 
 
 if __name__ == "__main__":
-    run_forked(sorted(CHECKS) if sys.argv[1:] == ["all"] else sys.argv[1:])
+    main(sys.argv[1:])

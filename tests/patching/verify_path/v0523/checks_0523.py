@@ -22,20 +22,11 @@ from types import SimpleNamespace
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
+from checklib import Group, check, main, same
 from ddtree_kernels import ops
 from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from worker_v2_checks import (
-    CHECKS,
-    Group,
-    branching_case,
-    check,
-    ddtree_spec,
-    patched,
-    plain_topk,
-    run_forked,
-    same,
-)
+from worker_v2_checks import branching_case, ddtree_spec, patched, plain_topk
 
 # ------------------------------------------------------------------ shadow_linear vs DFlash
 
@@ -353,4 +344,4 @@ def worker_mamba_commit():
 
 
 if __name__ == "__main__":
-    run_forked(sorted(CHECKS) if sys.argv[1:] == ["all"] else sys.argv[1:])
+    main(sys.argv[1:])
