@@ -2,8 +2,8 @@
 
 It runs inside a release's staging venv (torch and the standard library only, nothing of
 SGLang), found through PYTHONPATH (the conftest puts this folder there): the check registry, one
-fork per check with one `@@JSON@@` line each, the TP-group test double and the by-hand
-reference of a causal conv along tree links.
+fork per check with one `@@JSON@@` line each, the TP-group test double and SGLang's conv
+kernel along tree links against a by-hand reference.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Group:
         return results
 
 
-def ancestor_conv(x, state, weight, parents):
+def _ancestor_conv(x, state, weight, parents):
     """Causal conv of every node over its own path (conv state, root ... node), by hand."""
     width = weight.shape[1]
     out = torch.empty_like(x)
@@ -82,6 +82,37 @@ def ancestor_conv(x, state, weight, parents):
             seq = torch.cat([state[b], x[b][:, path[::-1]]], dim=1)
             out[b, :, i] = (seq[:, -width:] * weight).sum(1)
     return out
+
+
+def conv_over_tree_links(conv_update, links, parents: torch.Tensor, nodes: int) -> dict:
+    """SGLang's causal conv kernel `conv_update` fed a verify's tree links (`links`: its
+    retrieve_next_token / retrieve_next_sibling), against the by-hand conv of every node over
+    its ancestors: the parents it found, equal outputs on the `nodes` real nodes, and a tree
+    whose answer differs from the chain's (so following the links is what made it equal)."""
+    bs, width = parents.shape
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(bs, 8, width, generator=g)
+    state = torch.randn(bs, 8, 3, generator=g)
+    weight = torch.randn(8, 4, generator=g)
+    parent_found = torch.empty(bs, width, dtype=torch.int64)
+    conv = conv_update(
+        x.clone(), state.clone(), weight,
+        retrieve_next_token=links.retrieve_next_token,
+        retrieve_next_sibling=links.retrieve_next_sibling,
+        retrieve_parent_token=parent_found,
+    )  # fmt: skip
+    rows = parents.tolist()
+    real = torch.tensor([[p != -1 or i == 0 for i, p in enumerate(row)] for row in rows])
+    want = _ancestor_conv(x, state, weight, rows)
+    chain = _ancestor_conv(x, state, weight, [[i - 1 for i in range(width)]] * bs)
+    return {
+        "parents_found": same(parent_found[:, 1:][real[:, 1:]], parents[:, 1:][real[:, 1:]])
+        and int(real.sum()) == bs * nodes,
+        "conv_follows_tree": torch.allclose(conv[..., :nodes], want[..., :nodes], atol=1e-5),
+        "tree_differs_from_chain": not torch.allclose(
+            want[..., :nodes], chain[..., :nodes], atol=1e-5
+        ),
+    }
 
 
 def _result(name: str) -> dict:

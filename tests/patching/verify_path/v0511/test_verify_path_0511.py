@@ -102,9 +102,7 @@ def test_shadow_chain_mask_is_dflash_causal_mask(check: Callable[[str], dict]) -
 
 
 @pytest.mark.parametrize("page", ["page1", "page4"])
-def test_accept_commit_path_ordered_kv_and_hidden(
-    check: Callable[[str], dict], page: str
-) -> None:
+def test_accept_commit_path_ordered_kv_and_hidden(check: Callable[[str], dict], page: str) -> None:
     got = check("accept_commit")
     assert all(got[page].values()), got[page]
     # the chosen branch is a deep one through non-first children, so reordering is exercised
@@ -147,9 +145,7 @@ def test_helpers_config_and_target_tokens(release: str, check: Callable[[str], d
     assert got["sampled_tokens"]["got"] == got["sampled_tokens"]["want"]
 
 
-def test_worker_config_takes_the_verify_width(
-    release: str, check: Callable[[str], dict]
-) -> None:
+def test_worker_config_takes_the_verify_width(release: str, check: Callable[[str], dict]) -> None:
     """A wide set's worker runs a 64-token verify, refuses a budget past the width and a top-k
     the CUDA tree build refuses, and keeps the drafter's block (16) apart from the width."""
     wide = check("helpers")["wide"]

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
-from checklib import Group, ancestor_conv, check, main, same
+from checklib import Group, check, conv_over_tree_links, main, same
 from ddtree_kernels import ops
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
 from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
@@ -326,21 +326,6 @@ def hybrid_tree_links():
         bs, torch.arange(bs), ForwardMode.TARGET_VERIFY, vi, torch.tensor([9, 9, 9])
     )
 
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(bs, 8, width, generator=g)
-    state = torch.randn(bs, 8, 3, generator=g)
-    weight = torch.randn(8, 4, generator=g)
-    parent_found = torch.empty(bs, width, dtype=torch.int64)
-    conv = causal_conv1d_update(
-        x.clone(), state.clone(), weight,
-        retrieve_next_token=eager.retrieve_next_token,
-        retrieve_next_sibling=eager.retrieve_next_sibling,
-        retrieve_parent_token=parent_found,
-    )  # fmt: skip
-    parents = tree.parents.tolist()
-    real = torch.tensor([[p != -1 or i == 0 for i, p in enumerate(row)] for row in parents])
-    want = ancestor_conv(x, state, weight, parents)
-    chain = ancestor_conv(x, state, weight, [[i - 1 for i in range(width)]] * bs)
     return {
         "topk": {
             "ddtree_tree": tree_backend.topk,
@@ -357,10 +342,7 @@ def hybrid_tree_links():
         ._forward_metadata(verify)
         .retrieve_next_token
         is None,
-        "parents_found": same(parent_found[:, 1:][real[:, 1:]], tree.parents[:, 1:][real[:, 1:]])
-        and int(real.sum()) == bs * 5,
-        "conv_follows_tree": torch.allclose(conv[..., :5], want[..., :5], atol=1e-5),
-        "tree_differs_from_chain": not torch.allclose(want[..., :5], chain[..., :5], atol=1e-5),
+        **conv_over_tree_links(causal_conv1d_update, eager, tree.parents, 5),
     }
 
 
