@@ -324,6 +324,76 @@ def patched(module, **names):
             setattr(module, n, v)
 
 
+def propose_tree_results(W, tp_group, host_kwargs, overlap_kwargs) -> dict:
+    """`DFlashWorkerV2._ddtree_propose_tree` of module `W` against the definition (full-vocab
+    top-k log-probs, then the kernels' tree and mask): at TP 1 and 2 (simulated ranks), under
+    overlap (only an upper bound of the prefix lengths on the host: a longer mask whose exact
+    prefix is the same) and with an added vocabulary (refused). The releases differ in how the
+    worker reaches its TP group (`tp_group(group)`: the names to patch on W) and in the host-side
+    arguments (`host_kwargs(batch)`, `overlap_kwargs(prefix, block)`)."""
+    bs, block, hidden_size, vocab, tp = 3, 8, 16, 64, 2
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
+    roots = torch.tensor([1, 2, 3])
+    prefix = torch.tensor([4, 9, 2])
+    worker = SimpleNamespace(_ddtree_topk=3, _ddtree_budget=block - 1)
+    kwargs = dict(draft_hidden=draft_hidden, root_tokens=roots, prefix_lens=prefix,
+                  **host_kwargs(SimpleNamespace(seq_lens_cpu=prefix.clone())))  # fmt: skip
+    propose = W.DFlashWorkerV2._ddtree_propose_tree
+
+    ref_logp, ref_ids = plain_topk(draft_hidden[:, 1:].reshape(-1, hidden_size), weight, 3)
+    ref = ops.build_tree(
+        ref_logp.view(bs, block - 1, 3), ref_ids.view(bs, block - 1, 3), roots, prefix,
+        block - 1, int(prefix.sum()),
+    )  # fmt: skip
+
+    single = SimpleNamespace(world_size=1)
+    with patched(W, **tp_group(single)):
+        tree1 = propose(worker, lm_head=SimpleNamespace(weight=weight), **kwargs)
+        tree_overlap = propose(
+            worker, lm_head=SimpleNamespace(weight=weight),
+            **{**kwargs, **overlap_kwargs(prefix, block)},
+        )  # fmt: skip
+        added = SimpleNamespace(
+            weight=weight,
+            shard_indices=SimpleNamespace(
+                num_org_elements=vocab, org_vocab_start_index=0, num_added_elements=2
+            ),
+        )
+        try:
+            propose(worker, lm_head=added, **kwargs)
+            added_error = ""
+        except RuntimeError as e:
+            added_error = str(e)
+
+    group = Group(tp)
+    shard = vocab // tp
+
+    def rank(r: int):
+        head = SimpleNamespace(
+            weight=weight[r * shard : (r + 1) * shard],
+            shard_indices=SimpleNamespace(
+                num_org_elements=shard, org_vocab_start_index=r * shard, num_added_elements=0
+            ),
+        )
+        return propose(worker, lm_head=head, **kwargs)
+
+    with patched(W, **tp_group(group)):
+        trees = group.run(rank)
+    exact = ref.custom_mask.numel()
+    return {
+        "tp1_tokens_equal": same(tree1.tokens, ref.tokens),
+        "tp1_mask_equal": same(tree1.custom_mask, ref.custom_mask),
+        "tp1_positions_equal": same(tree1.positions, ref.positions),
+        "tp_ranks_agree": all(same(t.tokens, trees[0].tokens) for t in trees),
+        "tp_tokens_equal": same(trees[0].tokens, ref.tokens),
+        "overlap_mask_prefix_equal": same(tree_overlap.custom_mask[:exact], ref.custom_mask),
+        "overlap_mask_longer": tree_overlap.custom_mask.numel() > exact,
+        "added_vocab_error": added_error,
+    }
+
+
 def ddtree_spec(**kw):
     base = dict(
         speculative_ddtree_mode="tree",

@@ -23,12 +23,12 @@ from types import SimpleNamespace
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
-from checklib import Group, check, conv_over_tree_links, main, same
+from checklib import check, conv_over_tree_links, main, same
 from ddtree_kernels import ops
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
 from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from worker_v2_checks import branching_case, ddtree_spec, patched, plain_topk
+from worker_v2_checks import branching_case, ddtree_spec, patched, propose_tree_results
 
 
 def _dflash_out_tokens(candidates, accept_len, bonus):
@@ -158,81 +158,24 @@ def worker_init():
 
 @check
 def worker_propose_tree():
-    bs, block, hidden_size, vocab, tp = 3, 8, 16, 64, 2
-    g = torch.Generator().manual_seed(11)
-    weight = torch.randn(vocab, hidden_size, generator=g)
-    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
-    roots = torch.tensor([1, 2, 3])
-    prefix = torch.tensor([4, 9, 2])
-    host_lens = SimpleNamespace(planning_seq_lens_cpu=None, reserved_seq_lens_cpu=None)
-    batch = SimpleNamespace(seq_lens_cpu=prefix.clone())
-    worker = SimpleNamespace(_ddtree_topk=3, _ddtree_budget=block - 1)
-    kwargs = dict(draft_hidden=draft_hidden, root_tokens=roots, prefix_lens=prefix,
-                  model_worker_batch=batch, draft_input=host_lens)  # fmt: skip
-
-    # The definition: full-vocab top-k log-probs, then the kernels' tree with its mask.
-    ref_logp, ref_ids = plain_topk(draft_hidden[:, 1:].reshape(-1, hidden_size), weight, 3)
-    ref = ops.build_tree(
-        ref_logp.view(bs, block - 1, 3), ref_ids.view(bs, block - 1, 3), roots, prefix,
-        block - 1, int(prefix.sum()),
-    )  # fmt: skip
-
-    single = SimpleNamespace(world_size=1)
-    with patched(W, get_tp_group=lambda: single):
-        tree1 = W.DFlashWorkerV2._ddtree_propose_tree(
-            worker, lm_head=SimpleNamespace(weight=weight), **kwargs
-        )
-
-    group = Group(tp)
-    shard = vocab // tp
-
-    def rank(r: int):
-        head = SimpleNamespace(
-            weight=weight[r * shard : (r + 1) * shard],
-            shard_indices=SimpleNamespace(
-                num_org_elements=shard, org_vocab_start_index=r * shard, num_added_elements=0
+    # 0.5.14: the TP group from get_tp_group(); host lengths on the draft input (planning under
+    # overlap), the batch as model_worker_batch.
+    return propose_tree_results(
+        W,
+        tp_group=lambda group: {"get_tp_group": lambda: group},
+        host_kwargs=lambda batch: {
+            "model_worker_batch": batch,
+            "draft_input": SimpleNamespace(planning_seq_lens_cpu=None, reserved_seq_lens_cpu=None),
+        },
+        overlap_kwargs=lambda prefix, block: {
+            "model_worker_batch": SimpleNamespace(seq_lens_cpu=None),
+            "draft_input": SimpleNamespace(
+                planning_seq_lens_cpu=prefix + 2 * block,
+                planning_seq_lens_sum=int(prefix.sum()) + 3 * 2 * block,
+                reserved_seq_lens_cpu=None,
             ),
-        )
-        return W.DFlashWorkerV2._ddtree_propose_tree(worker, lm_head=head, **kwargs)
-
-    with patched(W, get_tp_group=lambda: group):
-        trees = group.run(rank)
-
-    # Under overlap the host holds the planning upper bound of the prefix lengths only.
-    planning = SimpleNamespace(
-        planning_seq_lens_cpu=prefix + 2 * block,
-        planning_seq_lens_sum=int(prefix.sum()) + 3 * 2 * block,
-        reserved_seq_lens_cpu=None,
+        },
     )
-    with patched(W, get_tp_group=lambda: single):
-        tree_overlap = W.DFlashWorkerV2._ddtree_propose_tree(
-            worker, lm_head=SimpleNamespace(weight=weight),
-            **{**kwargs, "model_worker_batch": SimpleNamespace(seq_lens_cpu=None),
-               "draft_input": planning},
-        )  # fmt: skip
-    exact = ref.custom_mask.numel()
-    added = SimpleNamespace(
-        weight=weight,
-        shard_indices=SimpleNamespace(
-            num_org_elements=vocab, org_vocab_start_index=0, num_added_elements=2
-        ),
-    )
-    with patched(W, get_tp_group=lambda: single):
-        try:
-            W.DFlashWorkerV2._ddtree_propose_tree(worker, lm_head=added, **kwargs)
-            added_error = ""
-        except RuntimeError as e:
-            added_error = str(e)
-    return {
-        "tp1_tokens_equal": same(tree1.tokens, ref.tokens),
-        "tp1_mask_equal": same(tree1.custom_mask, ref.custom_mask),
-        "tp1_positions_equal": same(tree1.positions, ref.positions),
-        "tp_ranks_agree": all(same(t.tokens, trees[0].tokens) for t in trees),
-        "tp_tokens_equal": same(trees[0].tokens, ref.tokens),
-        "overlap_mask_prefix_equal": same(tree_overlap.custom_mask[:exact], ref.custom_mask),
-        "overlap_mask_longer": tree_overlap.custom_mask.numel() > exact,
-        "added_vocab_error": added_error,
-    }
 
 
 @check

@@ -22,11 +22,11 @@ from types import SimpleNamespace
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
-from checklib import Group, check, main, same
+from checklib import check, main, same
 from ddtree_kernels import ops
 from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from worker_v2_checks import branching_case, ddtree_spec, patched, plain_topk
+from worker_v2_checks import branching_case, ddtree_spec, patched, propose_tree_results
 
 # ------------------------------------------------------------------ shadow_linear vs DFlash
 
@@ -218,77 +218,17 @@ def worker_attention_and_sampler():
 
 @check
 def worker_propose_tree():
-    bs, block, hidden_size, vocab, tp = 3, 8, 16, 64, 2
-    g = torch.Generator().manual_seed(11)
-    weight = torch.randn(vocab, hidden_size, generator=g)
-    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
-    roots = torch.tensor([1, 2, 3])
-    prefix = torch.tensor([4, 9, 2])
-    batch = SimpleNamespace(seq_lens_cpu=prefix.clone())
-    worker = SimpleNamespace(_ddtree_topk=3, _ddtree_budget=block - 1)
-    kwargs = dict(draft_hidden=draft_hidden, root_tokens=roots, prefix_lens=prefix, batch=batch,
-                  draft_input=None)  # fmt: skip
-
-    # The definition: full-vocab top-k log-probs, then the kernels' tree with its mask.
-    ref_logp, ref_ids = plain_topk(draft_hidden[:, 1:].reshape(-1, hidden_size), weight, 3)
-    ref = ops.build_tree(
-        ref_logp.view(bs, block - 1, 3), ref_ids.view(bs, block - 1, 3), roots, prefix,
-        block - 1, int(prefix.sum()),
-    )  # fmt: skip
-
-    single = SimpleNamespace(tp_group=SimpleNamespace(world_size=1))
-    with patched(W, get_parallel=lambda: single):
-        tree1 = W.DFlashWorkerV2._ddtree_propose_tree(
-            worker, lm_head=SimpleNamespace(weight=weight), **kwargs
-        )
-
-    group = Group(tp)
-    shard = vocab // tp
-
-    def rank(r: int):
-        head = SimpleNamespace(
-            weight=weight[r * shard : (r + 1) * shard],
-            shard_indices=SimpleNamespace(
-                num_org_elements=shard, org_vocab_start_index=r * shard, num_added_elements=0
-            ),
-        )
-        return W.DFlashWorkerV2._ddtree_propose_tree(worker, lm_head=head, **kwargs)
-
-    with patched(W, get_parallel=lambda: SimpleNamespace(tp_group=group)):
-        trees = group.run(rank)
-
-    # Under overlap only the reserved upper bound of the prefix sum is on the host.
-    overlap_batch = SimpleNamespace(seq_lens_cpu=None)
-    with patched(W, get_parallel=lambda: single):
-        tree_overlap = W.DFlashWorkerV2._ddtree_propose_tree(
-            worker, lm_head=SimpleNamespace(weight=weight), **{
-                **kwargs, "batch": overlap_batch,
-                "draft_input": SimpleNamespace(nxt_kv_lens_sum=int(prefix.sum()) + 3 * 2 * block),
-            },
-        )  # fmt: skip
-    exact = ref.custom_mask.numel()
-    added = SimpleNamespace(
-        weight=weight,
-        shard_indices=SimpleNamespace(
-            num_org_elements=vocab, org_vocab_start_index=0, num_added_elements=2
-        ),
+    # 0.5.23: the TP group from get_parallel().tp_group; the batch as batch, and under overlap
+    # only the reserved upper bound of the prefix sum (nxt_kv_lens_sum) on the draft input.
+    return propose_tree_results(
+        W,
+        tp_group=lambda group: {"get_parallel": lambda: SimpleNamespace(tp_group=group)},
+        host_kwargs=lambda batch: {"batch": batch, "draft_input": None},
+        overlap_kwargs=lambda prefix, block: {
+            "batch": SimpleNamespace(seq_lens_cpu=None),
+            "draft_input": SimpleNamespace(nxt_kv_lens_sum=int(prefix.sum()) + 3 * 2 * block),
+        },
     )
-    with patched(W, get_parallel=lambda: single):
-        try:
-            W.DFlashWorkerV2._ddtree_propose_tree(worker, lm_head=added, **kwargs)
-            added_error = ""
-        except RuntimeError as e:
-            added_error = str(e)
-    return {
-        "tp1_tokens_equal": same(tree1.tokens, ref.tokens),
-        "tp1_mask_equal": same(tree1.custom_mask, ref.custom_mask),
-        "tp1_positions_equal": same(tree1.positions, ref.positions),
-        "tp_ranks_agree": all(same(t.tokens, trees[0].tokens) for t in trees),
-        "tp_tokens_equal": same(trees[0].tokens, ref.tokens),
-        "overlap_mask_prefix_equal": same(tree_overlap.custom_mask[:exact], ref.custom_mask),
-        "overlap_mask_longer": tree_overlap.custom_mask.numel() > exact,
-        "added_vocab_error": added_error,
-    }
 
 
 @check
