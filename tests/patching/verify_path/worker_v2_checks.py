@@ -324,6 +324,67 @@ def patched(module, **names):
             setattr(module, n, v)
 
 
+def shadow_linear_results(W, worker_of, dflash_accept, tree_accept) -> dict:
+    """shadow_linear against DFLASH on module W's worker, on one draft with exact argmax ties:
+    the chain tree is DFlash's candidates with a causal mask and consecutive positions, and its
+    accept gives DFLASH's accept lengths, bonus, committed tokens and sequence lengths, with an
+    identity KV commit. The releases differ in the worker double (`worker_of(block)`), in
+    DFLASH's accept (`dflash_accept(candidates, target)` -> accept_len, bonus, out, commit_lens)
+    and in how DDTREE's accept is called (`tree_accept(worker, tree, candidates, target,
+    prefix, vocab)` -> accept_len, commit_lens, bonus, out, new_seq_lens, accept_index)."""
+    bs, block, hidden_size, vocab = 6, 8, 16, 40
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    # Exact ties in the draft head: DFlash's argmax decides, shadow_linear must keep it.
+    weight[5] = weight[9]
+    lm_head = SimpleNamespace(weight=weight)
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
+    draft_hidden[0, 1] = weight[5] * 4  # rows 5 and 9 tie at the top
+    worker = worker_of(block)
+    dflash_next = W.DFlashWorkerV2._greedy_sample_from_vocab_parallel_head(
+        worker, hidden_states=draft_hidden[:, 1:].reshape(-1, hidden_size), lm_head=lm_head
+    ).view(bs, block - 1)
+    roots = torch.randint(0, vocab, (bs,), generator=g)
+    candidates = torch.cat([roots[:, None], dflash_next], dim=1)
+    # Target argmax: matches the chain for a per-request number of steps, then differs.
+    target = torch.randint(0, vocab, (bs, block), generator=g)
+    agree = [0, 1, 3, 7, 2, 5]
+    for b, a in enumerate(agree):
+        target[b, :a] = candidates[b, 1 : a + 1]
+        if a < block - 1:
+            target[b, a] = (candidates[b, a + 1] + 1) % vocab
+    prefix = torch.tensor([3, 10, 0, 7, 2, 30])
+
+    d_len, d_bonus, d_out, d_commit = dflash_accept(candidates, target)
+
+    tree = U.ddtree_chain_tree(candidates, prefix)
+    t_len, t_commit, t_bonus, t_out, t_seq, accept_index = tree_accept(
+        worker, tree, candidates, target, prefix, vocab
+    )
+    cache_loc = torch.arange(bs * block).view(bs, block) + 200
+    commit = ops.commit_indices(accept_index, cache_loc)
+    committed_equal = all(
+        t_out[b, : int(d_commit[b])].tolist() == d_out[b, : int(d_commit[b])].tolist()
+        for b in range(bs)
+    )
+    return {
+        "tie_row_token": int(dflash_next[0, 0]),
+        "draft_chain_is_dflash": same(tree.tokens, candidates),
+        "causal_chain": same(
+            tree.ancestor_mask,
+            torch.tril(torch.ones(block, block, dtype=torch.bool)).expand(bs, -1, -1),
+        ),
+        "positions_consecutive": same(tree.positions, prefix[:, None] + torch.arange(block)),
+        "accept_len_equal": same(t_len, d_len.to(t_len.dtype)),
+        "commit_lens_equal": same(t_commit, d_commit),
+        "bonus_equal": same(t_bonus, d_bonus.to(torch.int64)),
+        "committed_tokens_equal": committed_equal,
+        "new_seq_lens_equal": same(t_seq, prefix + d_commit.to(prefix.dtype)),
+        "commit_is_identity": same(commit.src[commit.src >= 0], commit.dst[commit.dst >= 0]),
+        "accept_lens": d_commit.tolist(),
+    }
+
+
 def propose_tree_results(W, tp_group, host_kwargs, overlap_kwargs) -> dict:
     """`DFlashWorkerV2._ddtree_propose_tree` of module `W` against the definition (full-vocab
     top-k log-probs, then the kernels' tree and mask): at TP 1 and 2 (simulated ranks), under

@@ -28,7 +28,13 @@ from ddtree_kernels import ops
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
 from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from worker_v2_checks import branching_case, ddtree_spec, patched, propose_tree_results
+from worker_v2_checks import (
+    branching_case,
+    ddtree_spec,
+    patched,
+    propose_tree_results,
+    shadow_linear_results,
+)
 
 
 def _dflash_out_tokens(candidates, accept_len, bonus):
@@ -57,60 +63,19 @@ def _accept(worker, tree, logits, prefix, bs):
 
 @check
 def shadow_linear_equals_dflash():
-    bs, block, hidden_size, vocab = 6, 8, 16, 40
-    g = torch.Generator().manual_seed(7)
-    weight = torch.randn(vocab, hidden_size, generator=g)
-    # Exact ties in the draft head: DFlash's argmax decides, shadow_linear must keep it.
-    weight[5] = weight[9]
-    lm_head = SimpleNamespace(weight=weight)
-    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
-    draft_hidden[0, 1] = weight[5] * 4  # rows 5 and 9 tie at the top
-    worker = SimpleNamespace(block_size=block, _ddtree_ops=ops)
-    dflash_next = W.DFlashWorkerV2._greedy_sample_from_vocab_parallel_head(
-        worker, hidden_states=draft_hidden[:, 1:].reshape(-1, hidden_size), lm_head=lm_head
-    ).view(bs, block - 1)
-    roots = torch.randint(0, vocab, (bs,), generator=g)
-    candidates = torch.cat([roots[:, None], dflash_next], dim=1)
-    # Target argmax: matches the chain for a per-request number of steps, then differs.
-    target = torch.randint(0, vocab, (bs, block), generator=g)
-    agree = [0, 1, 3, 7, 2, 5]
-    for b, a in enumerate(agree):
-        target[b, :a] = candidates[b, 1 : a + 1]
-        if a < block - 1:
-            target[b, a] = (candidates[b, a + 1] + 1) % vocab
-    prefix = torch.tensor([3, 10, 0, 7, 2, 30])
+    def dflash_accept(candidates, target):
+        accept_len, bonus = U.compute_dflash_correct_drafts_and_bonus(
+            candidates=candidates, target_predict=target
+        )
+        return (accept_len, bonus, *_dflash_out_tokens(candidates, accept_len, bonus))
 
-    d_len, d_bonus = U.compute_dflash_correct_drafts_and_bonus(
-        candidates=candidates, target_predict=target
-    )
-    d_out, d_commit = _dflash_out_tokens(candidates, d_len, d_bonus)
+    def tree_accept(worker, tree, candidates, target, prefix, vocab):
+        return _accept(worker, tree, _argmax_logits(target, vocab), prefix, len(prefix))
 
-    tree = U.ddtree_chain_tree(candidates, prefix)
-    t_len, t_commit, t_bonus, t_out, t_seq, accept_index = _accept(
-        worker, tree, _argmax_logits(target, vocab), prefix, bs
-    )
-    cache_loc = torch.arange(bs * block).view(bs, block) + 200
-    commit = ops.commit_indices(accept_index, cache_loc)
-    committed_equal = all(
-        t_out[b, : int(d_commit[b])].tolist() == d_out[b, : int(d_commit[b])].tolist()
-        for b in range(bs)
-    )
-    return {
-        "tie_row_token": int(dflash_next[0, 0]),
-        "draft_chain_is_dflash": same(tree.tokens, candidates),
-        "causal_chain": same(
-            tree.ancestor_mask,
-            torch.tril(torch.ones(block, block, dtype=torch.bool)).expand(bs, -1, -1),
-        ),
-        "positions_consecutive": same(tree.positions, prefix[:, None] + torch.arange(block)),
-        "accept_len_equal": same(t_len, d_len.to(t_len.dtype)),
-        "commit_lens_equal": same(t_commit, d_commit),
-        "bonus_equal": same(t_bonus, d_bonus.to(torch.int64)),
-        "committed_tokens_equal": committed_equal,
-        "new_seq_lens_equal": same(t_seq, prefix + d_commit.to(prefix.dtype)),
-        "commit_is_identity": same(commit.src[commit.src >= 0], commit.dst[commit.dst >= 0]),
-        "accept_lens": d_commit.tolist(),
-    }
+    return shadow_linear_results(
+        W, lambda block: SimpleNamespace(block_size=block, _ddtree_ops=ops), dflash_accept,
+        tree_accept,
+    )  # fmt: skip
 
 
 def _init(server_args, *, hybrid=False):

@@ -22,11 +22,17 @@ from types import SimpleNamespace
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
-from checklib import check, main, same
+from checklib import check, main
 from ddtree_kernels import ops
 from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from worker_v2_checks import branching_case, ddtree_spec, patched, propose_tree_results
+from worker_v2_checks import (
+    branching_case,
+    ddtree_spec,
+    patched,
+    propose_tree_results,
+    shadow_linear_results,
+)
 
 # ------------------------------------------------------------------ shadow_linear vs DFlash
 
@@ -48,67 +54,22 @@ def _dflash_worker_double(**extra):
 
 @check
 def shadow_linear_equals_dflash():
-    bs, block, hidden_size, vocab = 6, 8, 16, 40
-    g = torch.Generator().manual_seed(7)
-    weight = torch.randn(vocab, hidden_size, generator=g)
-    # Exact ties in the draft head: DFlash's argmax decides, shadow_linear must keep it.
-    weight[5] = weight[9]
-    lm_head = SimpleNamespace(weight=weight)
-    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
-    draft_hidden[0, 1] = weight[5] * 4  # rows 5 and 9 tie at the top
-    worker = _dflash_worker_double(block_size=block)
-    dflash_next = W.DFlashWorkerV2._greedy_sample_from_vocab_parallel_head(
-        worker, hidden_states=draft_hidden[:, 1:].reshape(-1, hidden_size), lm_head=lm_head
-    ).view(bs, block - 1)
-    roots = torch.randint(0, vocab, (bs,), generator=g)
-    candidates = torch.cat([roots[:, None], dflash_next], dim=1)
-    # Target argmax: matches the chain for a per-request number of steps, then differs.
-    target = torch.randint(0, vocab, (bs, block), generator=g)
-    agree = [0, 1, 3, 7, 2, 5]
-    for b, a in enumerate(agree):
-        target[b, :a] = candidates[b, 1 : a + 1]
-        if a < block - 1:
-            target[b, a] = (candidates[b, a + 1] + 1) % vocab
-    prefix = torch.tensor([3, 10, 0, 7, 2, 30])
+    def dflash_accept(candidates, target):
+        accept_len, bonus = compute_dflash_correct_drafts_and_bonus(
+            candidates=candidates, target_predict=target
+        )
+        return (accept_len, bonus, *W._commit_accept(candidates, accept_len, bonus))
 
-    d_len, d_bonus = compute_dflash_correct_drafts_and_bonus(
-        candidates=candidates, target_predict=target
-    )
-    d_out, d_commit = W._commit_accept(candidates, d_len, d_bonus)
+    def tree_accept(worker, tree, candidates, target, prefix, vocab):
+        return W.DFlashWorkerV2._ddtree_accept_block(
+            worker, tree=tree, candidates=candidates, next_token_logits=None,
+            sampling_info=None, draft_input=None, prefix_lens=prefix, bs=len(prefix),
+            target_predict=target.reshape(-1),
+        )  # fmt: skip
 
-    tree = U.ddtree_chain_tree(candidates, prefix)
-    t_len, t_commit, t_bonus, t_out, t_seq = W.DFlashWorkerV2._ddtree_accept_block(
-        worker, tree=tree, candidates=candidates, next_token_logits=None,
-        sampling_info=None, draft_input=None, prefix_lens=prefix, bs=bs,
-        target_predict=target.reshape(-1),
-    )[:5]  # fmt: skip
-    accept_index = W.DFlashWorkerV2._ddtree_accept_block(
-        worker, tree=tree, candidates=candidates, next_token_logits=None,
-        sampling_info=None, draft_input=None, prefix_lens=prefix, bs=bs,
-        target_predict=target.reshape(-1),
-    )[5]  # fmt: skip
-    cache_loc = torch.arange(bs * block).view(bs, block) + 200
-    commit = ops.commit_indices(accept_index, cache_loc)
-    committed_equal = all(
-        t_out[b, : int(d_commit[b])].tolist() == d_out[b, : int(d_commit[b])].tolist()
-        for b in range(bs)
+    return shadow_linear_results(
+        W, lambda block: _dflash_worker_double(block_size=block), dflash_accept, tree_accept
     )
-    return {
-        "tie_row_token": int(dflash_next[0, 0]),
-        "draft_chain_is_dflash": same(tree.tokens, candidates),
-        "causal_chain": same(
-            tree.ancestor_mask,
-            torch.tril(torch.ones(block, block, dtype=torch.bool)).expand(bs, -1, -1),
-        ),
-        "positions_consecutive": same(tree.positions, prefix[:, None] + torch.arange(block)),
-        "accept_len_equal": same(t_len, d_len.to(t_len.dtype)),
-        "commit_lens_equal": same(t_commit, d_commit),
-        "bonus_equal": same(t_bonus, d_bonus.to(torch.int64)),
-        "committed_tokens_equal": committed_equal,
-        "new_seq_lens_equal": same(t_seq, prefix + d_commit.to(prefix.dtype)),
-        "commit_is_identity": same(commit.src[commit.src >= 0], commit.dst[commit.dst >= 0]),
-        "accept_lens": d_commit.tolist(),
-    }
 
 
 def _init(spec, *, hybrid=False, **worker_kw):
