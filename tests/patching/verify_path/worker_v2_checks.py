@@ -13,6 +13,7 @@ GPUs: `Group` (TP ranks as threads).
 from __future__ import annotations
 
 import contextlib
+import sys
 from types import SimpleNamespace
 
 import sglang.srt.speculative.dflash_utils as U
@@ -322,6 +323,35 @@ def patched(module, **names):
     finally:
         for n, v in old.items():
             setattr(module, n, v)
+
+
+def init_results(W, init) -> dict:
+    """The worker's DDTREE init through `init(spec, hybrid=...)` (each release builds its own
+    worker double): each mode, on a hybrid target with and without the opt-in, a budget past
+    the width, and with ddtree_kernels missing."""
+
+    def missing_kernels():
+        saved = sys.modules.get("ddtree_kernels")
+        sys.modules["ddtree_kernels"] = None  # import now raises ImportError
+        try:
+            return U.load_ddtree_kernels()
+        finally:
+            sys.modules["ddtree_kernels"] = saved
+
+    with patched(W, load_ddtree_kernels=missing_kernels):
+        blocked = init(ddtree_spec())
+    return {
+        "tree": init(ddtree_spec()),
+        "shadow": init(ddtree_spec(speculative_ddtree_mode="shadow_linear")),
+        "hybrid_tree": init(ddtree_spec(), hybrid=True),
+        "hybrid_tree_allowed": init(
+            ddtree_spec(speculative_ddtree_allow_hybrid_unsafe=True), hybrid=True
+        ),
+        "hybrid_shadow": init(ddtree_spec(speculative_ddtree_mode="shadow_linear"), hybrid=True),
+        "budget_too_big": init(ddtree_spec(speculative_ddtree_budget=8)),
+        "no_kernels": blocked,
+        "algorithm_ddtree": bool(SpeculativeAlgorithm.DDTREE.is_ddtree()),
+    }
 
 
 def shadow_linear_results(W, worker_of, dflash_accept, tree_accept) -> dict:

@@ -30,8 +30,7 @@ from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from worker_v2_checks import (
     branching_case,
-    ddtree_spec,
-    patched,
+    init_results,
     propose_tree_results,
     shadow_linear_results,
 )
@@ -97,28 +96,7 @@ def _init(server_args, *, hybrid=False):
 
 @check
 def worker_init():
-    def missing_kernels():
-        saved = sys.modules.get("ddtree_kernels")
-        sys.modules["ddtree_kernels"] = None  # import now raises ImportError
-        try:
-            return U.load_ddtree_kernels()
-        finally:
-            sys.modules["ddtree_kernels"] = saved
-
-    with patched(W, load_ddtree_kernels=missing_kernels):
-        blocked = _init(ddtree_spec())
-    return {
-        "tree": _init(ddtree_spec()),
-        "shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear")),
-        "hybrid_tree": _init(ddtree_spec(), hybrid=True),
-        "hybrid_tree_allowed": _init(
-            ddtree_spec(speculative_ddtree_allow_hybrid_unsafe=True), hybrid=True
-        ),
-        "hybrid_shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear"), hybrid=True),
-        "budget_too_big": _init(ddtree_spec(speculative_ddtree_budget=8)),
-        "no_kernels": blocked,
-        "algorithm_ddtree": bool(SpeculativeAlgorithm.DDTREE.is_ddtree()),
-    }
+    return init_results(W, _init)
 
 
 @check

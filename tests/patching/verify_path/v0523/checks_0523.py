@@ -19,16 +19,15 @@ import contextlib
 import sys
 from types import SimpleNamespace
 
-import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
 from checklib import check, main
 from ddtree_kernels import ops
 from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from worker_v2_checks import (
     branching_case,
     ddtree_spec,
+    init_results,
     patched,
     propose_tree_results,
     shadow_linear_results,
@@ -98,31 +97,7 @@ def _init(spec, *, hybrid=False, **worker_kw):
 
 @check
 def worker_init():
-    blocked = {}
-
-    def missing_kernels():
-        saved = sys.modules.get("ddtree_kernels")
-        sys.modules["ddtree_kernels"] = None  # import now raises ImportError
-        try:
-            return U.load_ddtree_kernels()
-        finally:
-            sys.modules["ddtree_kernels"] = saved
-
-    with patched(W, load_ddtree_kernels=missing_kernels):
-        blocked = _init(ddtree_spec())
-    return {
-        "tree": _init(ddtree_spec()),
-        "shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear")),
-        "hybrid_tree": _init(ddtree_spec(), hybrid=True),
-        "hybrid_tree_allowed": _init(
-            ddtree_spec(speculative_ddtree_allow_hybrid_unsafe=True), hybrid=True
-        ),
-        "hybrid_shadow": _init(ddtree_spec(speculative_ddtree_mode="shadow_linear"), hybrid=True),
-        "selector": _init(ddtree_spec(), selector=object()),
-        "budget_too_big": _init(ddtree_spec(speculative_ddtree_budget=8)),
-        "no_kernels": blocked,
-        "algorithm_ddtree": bool(SpeculativeAlgorithm.DDTREE.is_ddtree()),
-    }
+    return {**init_results(W, _init), "selector": _init(ddtree_spec(), selector=object())}
 
 
 def _attention_setup(mode, *, hybrid, accept_pool=None):
