@@ -30,7 +30,7 @@ from ddtree_deploy.patching.engine import apply_patch_set
 
 RELEASES = ("0.5.11", "0.5.12", "0.5.13")
 # The sets that widen the DDTREE tree verify past the block size (sglang.ddtree_max_budget).
-WIDE = ("0.5.11",)
+WIDE = ("0.5.11", "0.5.12")
 REPO = Path(__file__).resolve().parents[4]
 CHECKS = Path(__file__).with_name("checks.py")
 
