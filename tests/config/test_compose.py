@@ -76,13 +76,17 @@ def test_compose_local_paths_follow_ddtree_deploy_home(monkeypatch: pytest.Monke
 
 
 @pytest.mark.parametrize("budget", [31, 63])
-def test_compose_takes_wide_tree_budgets_on_a_release_that_verifies_them(budget: int) -> None:
-    cfg = compose_config(["algo=ddtree", f"algo.budget={budget}", "algo.topk=8"])
-    assert cfg.sglang.version == "0.5.11"
+@pytest.mark.parametrize("sglang", ["v0_5_11", "v0_5_12", "v0_5_13"])
+def test_compose_takes_wide_tree_budgets_on_a_release_that_verifies_them(
+    sglang: str, budget: int
+) -> None:
+    cfg = compose_config(
+        [f"sglang={sglang}", "algo=ddtree", f"algo.budget={budget}", "algo.topk=8"]
+    )
     assert (cfg.algo.budget, max_tree_budget(cfg)) == (budget, 63)
 
 
-@pytest.mark.parametrize("sglang", ["v0_5_12", "v0_5_13", "v0_5_23"])
+@pytest.mark.parametrize("sglang", ["v0_5_14", "v0_5_23"])
 def test_compose_other_releases_keep_the_block_limit_by_default(sglang: str) -> None:
     cfg = compose_config([f"sglang={sglang}"])
     assert cfg.sglang.ddtree_max_budget is None

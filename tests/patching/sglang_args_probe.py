@@ -53,8 +53,12 @@ DDTREE_FIELDS = (
     "speculative_ddtree_allow_hybrid_unsafe",
 )
 # A set that widens the tree verify moves the drafter's block to speculative_dflash_block_size
-# and sets the verify width (speculative_num_draft_tokens) in tree mode; `compare` checks both.
+# and sets the verify width (speculative_num_draft_tokens) in tree mode; `compare` checks both,
+# and RESERVATION where the release has it.
 WIDTH_FIELDS = ("speculative_num_draft_tokens", "speculative_dflash_block_size")
+# 0.5.13+: the per-request draft-token reservation the KV and Mamba pools are sized by, a cached
+# property derived from the verify width (not a field), reported beside the fields.
+RESERVATION = "max_speculative_num_draft_tokens"
 # The tree budget a set takes when it keeps the verify width at the block size (16 here).
 BLOCK_MAX_BUDGET = 15
 
@@ -91,6 +95,8 @@ def resolve(argv):
         else:  # dataclass ServerArgs resolves in __post_init__
             import dataclasses
             values = {f.name: getattr(sa, f.name) for f in dataclasses.fields(sa)}
+            if hasattr(type(sa), "max_speculative_num_draft_tokens"):
+                values["max_speculative_num_draft_tokens"] = sa.max_speculative_num_draft_tokens
     except BaseException as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}
     fields = {n: plain(v) for n, v in values.items() if not n.startswith("_")}
@@ -294,7 +300,7 @@ def compare(
     )
     rows.append(("DDTREE budget 15 topk 4 resolves", ddtree.ok, ddtree.error))
     if ddtree.ok and dflash.ok:
-        ignore = DDTREE_FIELDS + (WIDTH_FIELDS if wide else ())
+        ignore = DDTREE_FIELDS + ((*WIDTH_FIELDS, RESERVATION) if wide else ())
         diff = _diff(dflash.fields, ddtree.fields, ignore=ignore)
         rows.append(("DDTREE gets every DFLASH-derived setting", not diff, json.dumps(diff)[:1500]))
         got = {k: ddtree.fields.get(k) for k in DDTREE_FIELDS}
@@ -414,24 +420,27 @@ def _wide_tree_rows(
     tree_max_budget: int,
 ) -> list[tuple[str, bool, str]]:
     """Rows of a set that widens the tree verify: budgets past the block resolve to a verify
-    width of budget + 1 with the drafter's block kept, and shadow_linear keeps the block width."""
+    width (and, where the release has one, a reservation) of budget + 1 with the drafter's block
+    kept, and shadow_linear keeps the block width."""
     rows: list[tuple[str, bool, str]] = []
     for budget in sorted({31, tree_max_budget}):
         argv = [*base, "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget",
                 str(budget), "--speculative-ddtree-topk", "8"]  # fmt: skip
         res = resolve_server_args(python, argv, sglang_root)
         rows.append((f"DDTREE budget {budget} resolves", res.ok, res.error))
-        got = {k: res.fields.get(k) for k in (*WIDTH_FIELDS, "speculative_ddtree_budget")}
         want = {
             "speculative_num_draft_tokens": budget + 1,
             "speculative_dflash_block_size": 16,
             "speculative_ddtree_budget": budget,
         }
+        if RESERVATION in dflash.fields:
+            want[RESERVATION] = budget + 1
+        got = {k: res.fields.get(k) for k in want}
         rows.append(
             (f"budget {budget}: verify width {budget + 1}, drafter block 16", got == want,
              json.dumps(got))
         )  # fmt: skip
-        diff = _diff(dflash.fields, res.fields, ignore=DDTREE_FIELDS + WIDTH_FIELDS)
+        diff = _diff(dflash.fields, res.fields, ignore=(*DDTREE_FIELDS, *WIDTH_FIELDS, RESERVATION))
         rows.append(
             (f"budget {budget}: every other setting as DFLASH's", res.ok and not diff,
              json.dumps(diff)[:1500])
@@ -441,11 +450,11 @@ def _wide_tree_rows(
         [*base, "--speculative-algorithm", "DDTREE", "--speculative-ddtree-mode", "shadow_linear"],
         sglang_root,
     )
-    got = {k: shadow.fields.get(k) for k in WIDTH_FIELDS}
+    got = {k: shadow.fields.get(k) for k in (*WIDTH_FIELDS, RESERVATION)}
     rows.append(
         (
             "shadow_linear keeps the verify width at the block size, as DFLASH",
-            shadow.ok and got == {k: dflash.fields.get(k) for k in WIDTH_FIELDS},
+            shadow.ok and got == {k: dflash.fields.get(k) for k in (*WIDTH_FIELDS, RESERVATION)},
             shadow.error or json.dumps(got),
         )
     )

@@ -529,10 +529,13 @@ def helpers():
             cfg = utils.DDTreeConfig.from_server_args(
                 args(**kw), block_size=16, is_hybrid=hybrid, device="cpu"
             )
-            got = {"ok": True, "shadow": cfg.shadow, "budget": cfg.budget, "topk": cfg.topk}
-            if hasattr(cfg, "width"):  # sets that widen the tree verify
-                got["width"] = cfg.width
-            return got
+            return {
+                "ok": True,
+                "shadow": cfg.shadow,
+                "budget": cfg.budget,
+                "topk": cfg.topk,
+                "width": cfg.width,
+            }
         except (ValueError, RuntimeError) as e:
             return {"ok": False, "error": str(e)}
 
@@ -543,23 +546,21 @@ def helpers():
         "hybrid_shadow": config(hybrid=True, speculative_ddtree_mode="shadow_linear"),
         "budget_too_big": config(speculative_ddtree_budget=16),
     }
-    out["wide"] = None
-    if hasattr(utils, "dflash_draft_block_size"):  # a set that widens the tree verify
-        wide = {"speculative_num_draft_tokens": 64, "speculative_dflash_block_size": 16}
-        out["wide"] = {
-            "config": config(speculative_ddtree_budget=63, **wide),
-            "topk_over_kernel": config(
-                speculative_ddtree_budget=63, speculative_ddtree_topk=17, **wide
+    wide = {"speculative_num_draft_tokens": 64, "speculative_dflash_block_size": 16}
+    out["wide"] = {
+        "config": config(speculative_ddtree_budget=63, **wide),
+        "topk_over_kernel": config(
+            speculative_ddtree_budget=63, speculative_ddtree_topk=17, **wide
+        ),
+        "budget_over_width": config(speculative_ddtree_budget=63),
+        "draft_block": [
+            utils.dflash_draft_block_size(args(**wide)),
+            utils.dflash_draft_block_size(
+                args(speculative_algorithm="DFLASH", speculative_num_draft_tokens=8)
             ),
-            "budget_over_width": config(speculative_ddtree_budget=63),
-            "draft_block": [
-                utils.dflash_draft_block_size(args(**wide)),
-                utils.dflash_draft_block_size(
-                    args(speculative_algorithm="DFLASH", speculative_num_draft_tokens=8)
-                ),
-                utils.dflash_draft_block_size(args(speculative_ddtree_mode="shadow_linear")),
-            ],
-        }
+            utils.dflash_draft_block_size(args(speculative_ddtree_mode="shadow_linear")),
+        ],
+    }
     saved = sys.modules.get("ddtree_kernels")
     sys.modules["ddtree_kernels"] = None  # import fails as if the package were missing
     try:
@@ -709,9 +710,7 @@ def worker_and_server_hunks():
             == batch.window[:width].tolist(),
         }
     out["argmax_calls"] = calls
-    out["wide"] = None
-    if hasattr(utils, "dflash_draft_block_size"):  # a set that widens the tree verify
-        out["wide"] = wide_prepare(prepare_fn, FlashInferAttnBackend())
+    out["wide"] = wide_prepare(prepare_fn, FlashInferAttnBackend())
 
     def refusal(backends, mode="tree", device="cuda"):
         fake = SimpleNamespace(

@@ -24,8 +24,6 @@ from ddtree_deploy.patching.audit import audit
 from ddtree_deploy.patching.engine import apply_patch_set
 
 RELEASES = ("0.5.11", "0.5.12", "0.5.13")
-# The sets that widen the DDTREE tree verify past the block size (sglang.ddtree_max_budget).
-WIDE = ("0.5.11",)
 CHECKS = Path(__file__).with_name("checks.py")
 
 
@@ -128,12 +126,11 @@ def test_shadow_linear_equals_dflash_verify(check: Callable[[str], dict]) -> Non
     assert got["p1-greedy-max2"]["accepted"] == [2, 1, 0]  # a request finishing mid-block
 
 
-def test_helpers_config_and_target_tokens(release: str, check: Callable[[str], dict]) -> None:
+def test_helpers_config_and_target_tokens(check: Callable[[str], dict]) -> None:
     got = check("helpers")
     assert got["mask_policy"] == [True, False, True, False, True]
     cfg = got["config"]
-    width = {"width": 16} if release in WIDE else {}  # a wide set's config carries its width
-    assert cfg["plain"] == {"ok": True, "shadow": False, "budget": 15, "topk": 8, **width}
+    assert cfg["plain"] == {"ok": True, "shadow": False, "budget": 15, "topk": 8, "width": 16}
     assert not cfg["hybrid_tree"]["ok"] and "shadow_linear" in cfg["hybrid_tree"]["error"]
     assert "--speculative-ddtree-allow-hybrid-unsafe" in cfg["hybrid_tree"]["error"]
     assert cfg["hybrid_tree_allowed"]["ok"] and cfg["hybrid_shadow"]["ok"]
@@ -145,13 +142,10 @@ def test_helpers_config_and_target_tokens(release: str, check: Callable[[str], d
     assert got["sampled_tokens"]["got"] == got["sampled_tokens"]["want"]
 
 
-def test_worker_config_takes_the_verify_width(release: str, check: Callable[[str], dict]) -> None:
-    """A wide set's worker runs a 64-token verify, refuses a budget past the width and a top-k
-    the CUDA tree build refuses, and keeps the drafter's block (16) apart from the width."""
+def test_worker_config_takes_the_verify_width(check: Callable[[str], dict]) -> None:
+    """The worker runs a 64-token verify, refuses a budget past the width and a top-k the CUDA
+    tree build refuses, and keeps the drafter's block (16) apart from the width."""
     wide = check("helpers")["wide"]
-    if release not in WIDE:
-        assert wide is None
-        return
     assert wide["config"] == {"ok": True, "shadow": False, "budget": 63, "topk": 8, "width": 64}
     assert wide["budget_over_width"] == {
         "ok": False,
@@ -173,12 +167,9 @@ def test_worker_hunk_builds_tree_verify_input(check: Callable[[str], dict]) -> N
 
 
 def test_worker_hunk_builds_a_64_token_verify_from_a_16_token_block(
-    release: str, check: Callable[[str], dict]
+    check: Callable[[str], dict],
 ) -> None:
     wide = check("worker_and_server_hunks")["wide"]
-    if release not in WIDE:
-        assert wide is None
-        return
     assert wide.pop("draft_token_num") == 64
     assert wide.pop("mask_numel") == (3 + 6) * 64 + 2 * 64 * 64
     assert wide.pop("kv_slots") == [True, True]
