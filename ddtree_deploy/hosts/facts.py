@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ddtree_deploy.errors import HostError
+from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 
 _PYTHON_PROBE = r"""
@@ -89,7 +90,10 @@ class HostFacts:
 
 
 def probe_facts(host: ShellHost, python: PurePosixPath) -> HostFacts:
-    """Run the probe on `host` with `python`; raises `HostError` when the probe itself fails."""
+    """Run the probe on `host` with `python`; raises `HostError` when the probe itself fails.
+
+    It imports torch there (seconds): a run probes once and hands the facts on."""
+    emit("facts.probe", host=host.name, python=str(python))
     result = host.run(
         ["sh", "-c", _PROBE_SCRIPT, "sh", str(python), _PYTHON_PROBE], check=False, timeout_s=120
     )

@@ -18,7 +18,7 @@ from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.hosts.facts import probe_facts
+from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.apply import apply_steps
@@ -82,24 +82,29 @@ def patch_steps(cfg: DeployConfig) -> list[Step]:
 
 @dataclass(frozen=True)
 class KernelsDeployStep:
-    """Build or reuse ddtree-kernels for the host's ABI, install it, smoke-test it."""
+    """Build or reuse ddtree-kernels for the host's ABI, install it, smoke-test it.
+
+    `facts`: the probe preflight judged (one probe per run: each imports torch on the host);
+    None probes when needed.
+    """
 
     name: ClassVar[str] = KernelsStep.name
     restarts_service: ClassVar[bool] = KernelsStep.restarts_service
     step: KernelsStep
+    facts: HostFacts | None = None
 
     def check(self, host: ShellHost) -> StepPlan:
-        plan = self.step.check(host)
+        plan = self.step.check(host, self.facts)
         return StepPlan(plan.status, plan.reason)
 
     def apply(self, host: ShellHost) -> StepResult:
-        result = self.step.apply(host)
+        result = self.step.apply(host, self.facts)
         return StepResult(result.status, result.reason)
 
 
-def kernel_steps(cfg: DeployConfig) -> list[Step]:
+def kernel_steps(cfg: DeployConfig, facts: HostFacts | None = None) -> list[Step]:
     """The kernels step; SGLang imports the kernels only at start, so a change owes a restart."""
-    return [KernelsDeployStep(KernelsStep.from_config(cfg))]
+    return [KernelsDeployStep(KernelsStep.from_config(cfg), facts)]
 
 
 def validation_gates(cfg: DeployConfig) -> list[Gate]:
@@ -110,8 +115,12 @@ def validation_gates(cfg: DeployConfig) -> list[Gate]:
     return []
 
 
-def prepare(cfg: DeployConfig, host: ShellHost, api_key: Secret | None) -> Prepared:
-    """Render and lint the service for `cfg` and build the steps that install it on `host`."""
+def prepare(
+    cfg: DeployConfig, host: ShellHost, api_key: Secret | None, facts: HostFacts | None = None
+) -> Prepared:
+    """Render and lint the service for `cfg` and build the steps that install it on `host`.
+
+    `facts`: the host's probe when the caller has one (see `KernelsDeployStep`)."""
     rendered = render_service(cfg, api_key)
     lint = lint_unit(rendered, cfg.service.max_exposure)
     emit("service.lint", unit=lint.unit, ok=lint.ok, summary=lint.summary())
@@ -120,7 +129,7 @@ def prepare(cfg: DeployConfig, host: ShellHost, api_key: Secret | None) -> Prepa
     mask = api_key.mask if api_key else _identity
     steps: list[Step] = [
         *patch_steps(cfg),
-        *kernel_steps(cfg),
+        *kernel_steps(cfg, facts),
         *service_steps(cfg, files, generations, mask),
     ]
     return Prepared(rendered, lint, api_key, tuple(steps), generations)
@@ -152,10 +161,11 @@ def deploy(
     report = preflight(cfg, host)
     boundary("preflight")
     api_key = load_api_key(cfg.service)
-    prepared = prepare(cfg, host, api_key)
+    prepared = prepare(cfg, host, api_key, report.facts)
     prepared.lint.raise_if_failed()
     if not cfg.host.systemd:  # staging: SGLang is patched and kernels installed for real
-        staged = [_apply_now(step, host) for step in [*patch_steps(cfg), *kernel_steps(cfg)]]
+        steps = [*patch_steps(cfg), *kernel_steps(cfg, report.facts)]
+        staged = [_apply_now(step, host) for step in steps]
         staged.append(StepReport("unit", "staging", "rendered and linted; host.systemd=false"))
         changed = sum(r.status == "changed" for r in staged)
         return DeployOutcome(cfg.host.name, None, changed, tuple(staged), report, prepared.lint)

@@ -39,6 +39,7 @@ class Check:
 class PreflightReport:
     host: str
     checks: tuple[Check, ...]
+    facts: HostFacts  # what was judged; the deploy's later steps use it instead of probing again
 
     @property
     def refusals(self) -> list[str]:
@@ -67,7 +68,7 @@ def run_preflight(cfg: DeployConfig, facts: HostFacts) -> PreflightReport:
             checks.append(_cxx11_check(cfg, facts))
         checks.append(_sglang_check(cfg, facts))
     checks += [_gpu_check(cfg, facts), _init_check(cfg, facts)]
-    return PreflightReport(cfg.host.name, tuple(checks))
+    return PreflightReport(cfg.host.name, tuple(checks), facts)
 
 
 def _python_check(cfg: DeployConfig, facts: HostFacts) -> Check:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
+from ddtree_deploy.events import sink_installed
 from ddtree_deploy.hosts.lock import host_lock
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.actions import plan_action
@@ -23,9 +25,13 @@ def test_deploy_second_run_changes_nothing_and_budget_change_restarts_once(
     lab: LabHost, tmp_path: Path
 ) -> None:
     name = "lc-idem"
+    events: list[dict[str, Any]] = []
     with lab.connect() as host:
-        first = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host)
+        with sink_installed(events.append):
+            first = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host)
         assert first.generation == 1
+        # One probe per run (each imports torch on the host): preflight's facts key the kernels.
+        assert [e["event"] for e in events].count("facts.probe") == 1
         # The container's SGLang venv is shared by this session's tests: an earlier test may
         # have patched it and installed the kernels already.
         assert [r.name for r in first.steps[:2]] == ["patch", "kernels"]
