@@ -97,3 +97,13 @@ def nspawn_hosts() -> Iterator[Callable[[int], list[TestHost]]]:
 def nspawn_host(nspawn_hosts: Callable[[int], list[TestHost]]) -> TestHost:
     """The first booted container host (root over SSH on port 22)."""
     return nspawn_hosts(1)[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long serial work first: an `xdist_group` (one worker runs the whole file) and the clone
+    test each take many minutes, so under `pytest -n` they must start at once, not at the end."""
+    items.sort(
+        key=lambda item: (
+            not (item.get_closest_marker("xdist_group") or item.get_closest_marker("clone"))
+        )
+    )

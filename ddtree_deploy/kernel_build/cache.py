@@ -8,6 +8,7 @@ written to a temp folder and renamed into place, so a killed run never leaves ha
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -63,8 +64,27 @@ class WheelCache:
             meta = {**key.to_dict(), "wheel": wheel_name, "sha256": sha256, "built_on": built_on}
             (staging / _META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             folder = self.root / key.slug
-            shutil.rmtree(folder, ignore_errors=True)
-            staging.rename(folder)
+            _replace_folder(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return CachedWheel(folder / wheel_name, sha256)
+
+
+def _replace_folder(new: Path, folder: Path, attempts: int = 20) -> None:
+    """Rename `new` to `folder`, first moving an entry already there aside (never removing it in
+    place: another run may be storing the same key at this moment; the last rename wins whole)."""
+    for _ in range(attempts):
+        try:
+            new.rename(folder)
+            return
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))
+        try:
+            folder.rename(aside / "entry")
+        except FileNotFoundError:  # another writer moved it first
+            pass
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    raise OSError(f"could not store {folder}: other writers kept replacing it")

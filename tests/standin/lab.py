@@ -7,7 +7,7 @@ TEST DOUBLE support. `build_standin_venv()` makes, under `~/.cache/ddtree-deploy
   patched with `patches/sglang/<release>/*.patch` by `patch -p1 --fuzz=0`; the source venv is
   only read, never modified;
 - `src/`: copies of the checkout's `tests/standin` and `kernels/ddtree_kernels` (the stand-in
-  and the reference ops it decodes with), refreshed on every call;
+  and the reference ops it decodes with), replaced whenever the checkout's copy differs;
 - `venv/`: a venv of the same Python whose `standin.pth` puts, in order, the patched copy,
   `src/` and the source venv's site-packages (torch, transformers...) on `sys.path`.
 
@@ -20,6 +20,7 @@ inside it; the cache lives under the home directory, which the unit leaves visib
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -80,15 +81,27 @@ def standin_root_for(source: Path, release: str = "0.5.11", checkout: Path = REP
 
 
 def build_standin_venv(source: Path, release: str = "0.5.11", checkout: Path = REPO) -> Path:
-    """Build (or reuse) the stand-in venv for `source` and the project `checkout`; returns its root."""
+    """Build (or reuse) the stand-in venv for `source` and the project `checkout`; returns its root.
+
+    Test processes running at once (pytest-xdist workers) share a root: one builds while the
+    others wait on its lock, and `src/` is replaced only when the checkout's copy differs, so a
+    stand-in that a container starts from it never finds it half-replaced.
+    """
+    root = standin_root_for(source, release, checkout)
+    ROOT.mkdir(parents=True, exist_ok=True)
+    with (ROOT / f"{root.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "ready").exists():
+            _build(root, source, release, checkout)
+        _copy_sources(root, checkout)
+    return root
+
+
+def _build(root: Path, source: Path, release: str, checkout: Path) -> None:
     python = source / "bin" / "python"
     sites = _site_dirs(python)
     sglang_dir = next(Path(s) / "sglang" for s in sites if (Path(s) / "sglang").is_dir())
     patch_files = sorted((checkout / "patches" / "sglang" / release).glob("*.patch"))
-    root = standin_root_for(source, release, checkout)
-    if (root / "ready").exists():
-        _copy_sources(root, checkout)
-        return root
     shutil.rmtree(root, ignore_errors=True)
     patched = root / "patched"
     shutil.copytree(sglang_dir, patched / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
@@ -104,22 +117,40 @@ def build_standin_venv(source: Path, release: str = "0.5.11", checkout: Path = R
     base = Path(os.path.realpath(python))
     subprocess.run([str(base), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     site = next((root / "venv").glob("lib/python*")) / "site-packages"
-    _copy_sources(root, checkout)
     lines = [str(patched), str(root / "src"), *sites]
     (site / "standin.pth").write_text("\n".join(lines) + "\n")
     (root / "ready").write_text(str(source) + "\n")
-    return root
 
 
 def _copy_sources(root: Path, checkout: Path) -> None:
-    """Copy the stand-in and the kernels' reference into `root/src`, as the checkout has them now."""
+    """Copy the stand-in and the kernels' reference, as the checkout has them now, into
+    `root/src`; left alone when they already match (the caller holds the root's lock)."""
+    sources = {
+        "standin": checkout / "tests" / "standin",
+        "ddtree_kernels": checkout / "kernels" / "ddtree_kernels",
+    }
+    stamp = _tree_digest(sources)
+    done = root / "src" / ".digest"
+    if done.is_file() and done.read_text() == stamp:
+        return
     fresh = root / "src.new"
     shutil.rmtree(fresh, ignore_errors=True)
-    skip = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(checkout / "tests" / "standin", fresh / "standin", ignore=skip)
-    shutil.copytree(checkout / "kernels" / "ddtree_kernels", fresh / "ddtree_kernels", ignore=skip)
+    for name, folder in sources.items():
+        shutil.copytree(folder, fresh / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (fresh / ".digest").write_text(stamp)
     shutil.rmtree(root / "src", ignore_errors=True)
     fresh.rename(root / "src")
+
+
+def _tree_digest(folders: dict[str, Path]) -> str:
+    """One hash over the names and bytes of the files under `folders` (bytecode left out)."""
+    digest = hashlib.sha256()
+    for name, folder in sorted(folders.items()):
+        for file in sorted(folder.rglob("*")):
+            if file.is_file() and "__pycache__" not in file.parts:
+                digest.update(f"{name}/{file.relative_to(folder)}\0".encode())
+                digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def binds(root: Path, source: Path) -> list[Path]:

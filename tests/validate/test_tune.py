@@ -24,7 +24,8 @@ from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
 from validate.conftest import StandinLab, key_file
 
-pytestmark = pytest.mark.nspawn
+# One xdist worker runs the file: the sweeps share one unit, in file order.
+pytestmark = [pytest.mark.nspawn, pytest.mark.xdist_group("tune")]
 
 NAME = "val-tune"
 PORT = 31211

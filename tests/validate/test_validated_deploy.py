@@ -25,7 +25,8 @@ from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
 from validate.conftest import StandinLab, key_file
 
-pytestmark = pytest.mark.nspawn
+# One xdist worker runs the file: the fault tests share one unit.
+pytestmark = [pytest.mark.nspawn, pytest.mark.xdist_group("validated-deploy")]
 
 
 def deploy(lab: StandinLab, name: str, tmp: Path, port: int, *extra: str) -> int:

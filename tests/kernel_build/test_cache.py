@@ -1,0 +1,40 @@
+"""The control machine's wheel cache under writers running at once (two deploys of one ABI)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+from ddtree_deploy.kernel_build.cache import WheelCache
+from ddtree_deploy.kernel_build.key import KernelKey
+
+KEY = KernelKey(
+    torch_version="2.11.0+cu130",
+    torch_cuda="13.0",
+    cxx11_abi=True,
+    python_tag="cp312",
+    arch_list="9.0",
+    source_sha256="cd" * 32,
+)
+WHEEL = "ddtree_kernels-0.1.0-cp312-cp312-linux_x86_64.whl"
+
+
+def _store_many(root: str, writer: int, count: int) -> None:
+    cache = WheelCache(Path(root))
+    for i in range(count):
+        cache.put(KEY, WHEEL, f"writer {writer} build {i}".encode() * 512, built_on="lab")
+
+
+def test_writers_storing_one_key_at_once_all_succeed_and_leave_one_whole_entry(
+    tmp_path: Path,
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_store_many, args=(str(tmp_path), w, 40)) for w in range(3)]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(timeout=120)
+    assert [p.exitcode for p in writers] == [0, 0, 0]
+    cached = WheelCache(tmp_path).get(KEY)
+    assert cached is not None and cached.path.read_bytes().startswith(b"writer ")
+    assert [p.name for p in tmp_path.iterdir()] == [KEY.slug]  # no temp folder left behind
