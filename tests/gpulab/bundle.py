@@ -60,6 +60,14 @@ KERNEL_DROP = (
     "sgl_kernel/sm100/",
 )
 
+# Inside other wheels, what the lab never reads: flashinfer's CUTLASS and CCCL headers, which only
+# its JIT kernels compile against (the lab serves with the triton attention backend and the
+# pytorch sampler; GPU-LAB.md). flashinfer-python 0.6.12 (SGLang 0.5.14's pin) is 12.4 MiB with
+# them, 3.8 MiB without. The wheel keeps its file name; its RECORD lists only what it still holds.
+WHEEL_DROP = {
+    "flashinfer-python": ("flashinfer/data/cutlass/", "flashinfer/data/cccl/"),
+}
+
 # Sizes are in MiB, the carry limit's unit (64 MiB per call, the repo's own files included): the
 # figures in GPU-LAB.md (43 + 16) are MiB too.
 MB = 1 << 20
@@ -231,6 +239,23 @@ def place(source: Path, folder: Path) -> Path:
     return target
 
 
+def place_trimmed(source: Path, folder: Path, drop: tuple[str, ...]) -> Path:
+    """Write `source` into `folder` without the members under `drop`, atomically."""
+    target = folder / source.name
+    tmp = target.with_name(f".{target.name}.part")
+    with zipfile.ZipFile(source) as wheel:
+        kept = [i for i in wheel.infolist() if not i.filename.startswith(drop)]
+        names = {i.filename for i in kept}
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as trimmed:
+            for info in kept:
+                if info.filename.endswith(".dist-info/RECORD"):
+                    trimmed.writestr(info, trimmed_record(wheel, info.filename, names))
+                else:
+                    trimmed.writestr(info, wheel.read(info))
+    tmp.replace(target)
+    return target
+
+
 def bundle_wheels(pins: list[Pin], out: Path) -> list[Path]:
     """Every pin's file in <out>/wheels, and nothing else there (a stale version would be
     installed alongside the pinned one)."""
@@ -240,10 +265,12 @@ def bundle_wheels(pins: list[Pin], out: Path) -> list[Path]:
     for index, pin in enumerate(pins, start=1):
         source, how = fetch(pin, CACHE / "wheels")
         check_file(source, pin)
-        placed.append(place(source, folder))
-        progress(
-            f"[{index}/{len(pins)}] {pin}: {how} {source.name} ({source.stat().st_size / MB:.2f} MiB)"
-        )
+        drop = WHEEL_DROP.get(pin.key)
+        placed.append(place_trimmed(source, folder, drop) if drop else place(source, folder))
+        size = f"{source.stat().st_size / MB:.2f} MiB"
+        if drop:
+            size += f", {placed[-1].stat().st_size / MB:.2f} MiB trimmed"
+        progress(f"[{index}/{len(pins)}] {pin}: {how} {source.name} ({size})")
     wanted = {p.name for p in placed}
     for stray in sorted(folder.iterdir()):
         if stray.name not in wanted:
@@ -322,6 +349,10 @@ def bundle_kernel(version: str, out: Path) -> Path:
     check_file(wheel, pin)
     progress(f"kernel {pin}: {how} {wheel.name} ({wheel.stat().st_size / MB:.0f} MiB)")
     target = out / f"sgl_kernel-{version}-trimmed.tar.gz"
+    for stale in sorted(out.glob("sgl_kernel-*-trimmed.tar.gz")):  # another release's: 16 MiB
+        if stale != target:
+            progress(f"removing {stale.name} from {out} (another release's kernel)")
+            stale.unlink()
     dist_info = f"sglang_kernel-{version}.dist-info/"
     if tarball_current(wheel, target, dist_info):
         progress(f"kernel {target.name}: already there")
