@@ -59,16 +59,20 @@ class _Target:
     summary: str
 
 
-def rollback(cfg: DeployConfig, host: ShellHost) -> RollbackOutcome:
+def rollback(cfg: DeployConfig, host: ShellHost, *, to_linear: bool = False) -> RollbackOutcome:
     """Return `host` to its previous generation and wait until the unit runs steadily.
 
+    `to_linear`: to the newest linear-DFLASH generation below instead, in one restart (a tree
+    promoted over an older tree has two DDTREE generations and a shadow between them and linear;
+    each restart of a large target takes minutes). With none in the lineage, linear DFLASH is
+    rendered from `cfg`. An interrupted rollback is finished first, whatever `to_linear` says.
     Raises `NothingToRollBack` for a host without generations, `UnitFailedToStart` (with the
-    journal) when the previous generation does not come up either.
+    journal) when the target does not come up either.
     """
     generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     api_key = load_api_key(cfg.service)
     mask = api_key.mask if api_key else (lambda text: text)
-    target = _target(cfg, generations)
+    target = _target(cfg, generations, to_linear=to_linear)
     generations.journal(
         "rollback.begin", from_generation=target.from_generation, to_generation=target.number
     )
@@ -108,9 +112,10 @@ def rollback(cfg: DeployConfig, host: ShellHost) -> RollbackOutcome:
     )
 
 
-def _target(cfg: DeployConfig, generations: GenerationStore) -> _Target:
+def _target(cfg: DeployConfig, generations: GenerationStore, *, to_linear: bool) -> _Target:
     state = generations.state()
     lineage: list[int] = list(state["lineage"])
+    bottom = lineage[0] if lineage else None  # the generation that replaced the unit found before
     interrupted = state["in_progress"]
     if interrupted and interrupted["kind"] == "rollback":  # finish it
         number = int(interrupted["generation"])
@@ -126,6 +131,8 @@ def _target(cfg: DeployConfig, generations: GenerationStore) -> _Target:
             f"{cfg.host.name} has no generation recorded under {cfg.host.state_dir}; there is "
             "nothing to roll back to."
         )
+    while to_linear and lineage and _meta_algo(generations, lineage[-1]) != Algo.DFLASH.value:
+        lineage.pop()
     if lineage:
         number = lineage[-1]
         meta = generations.meta(number)
@@ -138,9 +145,9 @@ def _target(cfg: DeployConfig, generations: GenerationStore) -> _Target:
             meta.algo,
             meta.summary,
         )
-    before = generations.replaced(from_generation)
-    if before.unit_text is not None:
-        algo = _algo_of(before.unit_text)
+    before = generations.replaced(bottom if bottom is not None else from_generation)
+    algo = _algo_of(before.unit_text) if before.unit_text is not None else None
+    if algo is not None and (algo == Algo.DFLASH.value or not to_linear):
         return _Target(None, before, [], from_generation, algo, f"the unit found before ({algo})")
     linear = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
     rendered = render_service(linear, load_api_key(cfg.service))
@@ -152,6 +159,12 @@ def _target(cfg: DeployConfig, generations: GenerationStore) -> _Target:
         Algo.DFLASH.value,
         algo_summary(linear),
     )
+
+
+def _meta_algo(generations: GenerationStore, number: int) -> str:
+    meta = generations.meta(number)
+    assert meta is not None, "a committed generation has meta.json"
+    return meta.algo
 
 
 def _algo_of(unit_text: str) -> str:

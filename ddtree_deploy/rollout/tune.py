@@ -43,14 +43,14 @@ from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.validation_flow import (
     GateFailed,
     ValidationFailed,
-    _after_failure,
-    _baseline,
-    _phase,
-    _promote,
-    _shadow_judge,
-    _tree_judge,
-    _variant,
+    measure_baseline,
+    promote,
     prompts_hash,
+    roll_back_after_failure,
+    run_phase,
+    shadow_judge,
+    tree_judge,
+    variant,
 )
 from ddtree_deploy.service.render import algo_summary
 from ddtree_deploy.service.secret import Secret, load_api_key
@@ -239,12 +239,14 @@ def tune(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> Candid
     emit("tune.start", total=len(grid), concurrency=levels, resumed=bool(progress.results))
     baselines: dict[int, Measurement] = {}
     for level in levels:
-        baselines[level] = _baseline(at_concurrency(cfg, level), host, api_key, generations, record)
+        baselines[level] = measure_baseline(
+            at_concurrency(cfg, level), host, api_key, generations, record
+        )
         _rename_last_phase(record, f"baseline@c{level}")
     if progress.shadow_generation is None:
-        shadow_cfg = _variant(at_concurrency(cfg, levels[0]), TreeMode.shadow_linear)
-        outcome = _phase(
-            shadow_cfg, host, api_key, record, "shadow_linear", _shadow_judge(baselines[levels[0]])
+        shadow_cfg = variant(at_concurrency(cfg, levels[0]), TreeMode.shadow_linear)
+        outcome = run_phase(
+            shadow_cfg, host, api_key, record, "shadow_linear", shadow_judge(baselines[levels[0]])
         )
         progress.shadow_generation = outcome.generation
         _save_progress(cfg, host, progress)
@@ -302,10 +304,8 @@ def _resume_or_start(
                 f"Resumed the sweep: {len(stored.results)} candidate(s) judged before."
             )
         return stored
-    for _ in range(len(state["lineage"]) + 1):  # a fresh sweep measures linear DFlash afresh
-        if state.get("algo") in (None, Algo.DFLASH.value):
-            break
-        rollback(cfg, host)
+    if state.get("algo") not in (None, Algo.DFLASH.value):  # a fresh sweep measures it afresh
+        rollback(cfg, host, to_linear=True)
         state = generations.state()
         record.notes.append(
             f"Returned to generation {state['generation']} ({state.get('summary')}) so the sweep "
@@ -365,7 +365,7 @@ def _judge_candidate(
             )
         state = generations.state()
         if state["in_progress"] is not None:  # the pipeline's rollback failed too
-            raise _after_failure(
+            raise roll_back_after_failure(
                 cfg, host, api_key, record, f"{candidate.label}: {result.sentence}", err
             ) from err
         record.notes.append(
@@ -387,7 +387,7 @@ def _measure_cells(
     def judge(level: int) -> list[GateResult]:
         cell_cfg = at_concurrency(ctx.cfg, level)
         probe = ServiceProbe(cell_cfg, ctx.host, ctx.api_key)
-        gates, measurement = _tree_judge(baselines[level])(
+        gates, measurement = tree_judge(baselines[level])(
             probe, dataclasses.replace(ctx, cfg=cell_cfg)
         )
         phase = f"tune.{candidate.slug}@c{level}"
@@ -514,8 +514,10 @@ def _serve_winner(
             number = deploy(win_cfg, host, gates=[serving], replace_top=replace_top).generation
         except DeployError as err:
             reason = f"The winner {winner.candidate.label} did not come back: {err}"
-            raise _after_failure(cfg, host, load_api_key(cfg.service), record, reason, err) from err
-    _promote(win_cfg, host, generations, number, record)
+            raise roll_back_after_failure(
+                cfg, host, load_api_key(cfg.service), record, reason, err
+            ) from err
+    promote(win_cfg, host, generations, number, record)
     record.decide(
         Decision.promote,
         f"{cfg.host.name} promoted generation {number} ({algo_summary(win_cfg)}): the best "
@@ -536,7 +538,7 @@ def _no_winner(
         f"{', '.join(map(str, cfg.tune.concurrency))} (validation.min_speedup="
         f"{cfg.validation.min_speedup:g}); linear DFlash stays."
     )
-    failed = _after_failure(cfg, host, api_key, record, reason, GateFailed(reason))
+    failed = roll_back_after_failure(cfg, host, api_key, record, reason, GateFailed(reason))
     record.decide("no_winner", failed.message)
     return TuneNoWinner(
         failed.message,

@@ -46,8 +46,6 @@ from ddtree_deploy.validate.measure import Measurement, measure
 from ddtree_deploy.validate.probes import Expected, ServiceProbe
 from ddtree_deploy.validate.record import ValidationRecord
 
-MAX_ROLLBACKS = 3  # tree -> shadow -> linear is two; one spare for a resumed run
-
 
 class GateFailed(ValidationError):
     """A gate failed (or was inconclusive under on_inconclusive=rollback) inside the pipeline."""
@@ -94,19 +92,20 @@ def deploy_validated(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
         record.decide("staging", "host.systemd=false: the unit was rendered and linted, not run.")
         return outcome
     if cfg.algo.name is Algo.DFLASH:
-        outcome = _phase(cfg, host, api_key, record, "linear", _record_baseline)
+        outcome = run_phase(cfg, host, api_key, record, "linear", _record_baseline)
         record.decide(Decision.promote, f"Linear DFlash serves on {cfg.host.name}; baseline kept.")
         return outcome
-    baseline = _baseline(cfg, host, api_key, generations, record)
-    shadow_cfg = _variant(cfg, TreeMode.shadow_linear)
-    outcome = _phase(shadow_cfg, host, api_key, record, "shadow_linear", _shadow_judge(baseline))
+    baseline = measure_baseline(cfg, host, api_key, generations, record)
+    shadow_cfg = variant(cfg, TreeMode.shadow_linear)
+    outcome = run_phase(shadow_cfg, host, api_key, record, "shadow_linear", shadow_judge(baseline))
     if cfg.algo.mode is TreeMode.tree:
-        outcome = _phase(cfg, host, api_key, record, "tree", _tree_judge(baseline))
-    _promote(cfg, host, generations, outcome.generation, record)
+        outcome = run_phase(cfg, host, api_key, record, "tree", tree_judge(baseline))
+    promote(cfg, host, generations, outcome.generation, record)
     return outcome
 
 
-def _variant(cfg: DeployConfig, mode: TreeMode) -> DeployConfig:
+def variant(cfg: DeployConfig, mode: TreeMode) -> DeployConfig:
+    """`cfg` in DDTREE `mode`; shadow_linear verifies the linear chain (top-k 1, the block)."""
     algo = cfg.algo
     if mode is TreeMode.shadow_linear:
         algo = dataclasses.replace(algo, mode=mode, topk=1, budget=algo.block_size - 1)
@@ -120,7 +119,7 @@ def _linear(cfg: DeployConfig) -> DeployConfig:
 # -- one phase: deploy a configuration through its gates -----------------------------------------
 
 
-def _phase(
+def run_phase(
     cfg: DeployConfig,
     host: ShellHost,
     api_key: Secret | None,
@@ -165,7 +164,7 @@ def _phase(
                 name, algo_summary(cfg), None, [GateResult("unit_active", Outcome.failed, reason)]
             )
             reason = f"Gate unit_active failed on {host.name} ({algo_summary(cfg)}): {reason}"
-        raise _after_failure(cfg, host, api_key, record, reason, err) from err
+        raise roll_back_after_failure(cfg, host, api_key, record, reason, err) from err
     if paused:
         stopper = paused[0]
         sentence = (
@@ -182,7 +181,7 @@ def _phase(
     return outcome
 
 
-def _after_failure(
+def roll_back_after_failure(
     cfg: DeployConfig,
     host: ShellHost,
     api_key: Secret | None,
@@ -198,11 +197,11 @@ def _after_failure(
         )
     generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     try:
-        for _ in range(MAX_ROLLBACKS):
+        for _ in range(2):  # twice: a rollback left interrupted is finished before this one
             state = generations.state()
             if state.get("algo") in (None, Algo.DFLASH.value) and state["in_progress"] is None:
                 break
-            rollback(cfg, host)
+            rollback(cfg, host, to_linear=True)
         state = generations.state()
     except DeployError as err:
         record.decide("failed", f"{reason} Rolling back failed too: {err}")
@@ -219,7 +218,7 @@ def _after_failure(
     )
     number = state["generation"]
     back = (
-        f"Rolled back to generation {number} (linear DFLASH)"
+        f"Rolled back to generation {number} ({state.get('summary') or state.get('algo')})"
         if number is not None
         else "Rolled back to what ran before (linear DFLASH)"
     )
@@ -304,7 +303,7 @@ def _baseline_result(baseline: Measurement) -> GateResult:
     )
 
 
-def _baseline(
+def measure_baseline(
     cfg: DeployConfig,
     host: ShellHost,
     api_key: Secret | None,
@@ -397,7 +396,7 @@ def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
             raise ValidationFailed(sentence, record)
         shadow = cfg.algo.mode is TreeMode.shadow_linear
         phase = "shadow_linear" if shadow else "tree"
-        judge = _shadow_judge(found[1]) if shadow else _tree_judge(found[1])
+        judge = shadow_judge(found[1]) if shadow else tree_judge(found[1])
         record.notes.append(f"Compared with the baseline stored in generation {found[0]}.")
     probe = ServiceProbe(cfg, host, api_key)
     results = probe.first_gates(Expected.of(cfg))
@@ -423,7 +422,7 @@ def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
 # -- the measured gates ---------------------------------------------------------------------------
 
 
-def _shadow_judge(baseline: Measurement) -> Judge:
+def shadow_judge(baseline: Measurement) -> Judge:
     def judge(probe: ServiceProbe, ctx: GateContext) -> tuple[list[GateResult], Measurement]:
         val = ctx.cfg.validation
         shadow = _measure(probe, "DDTREE shadow_linear", "shadow_linear")
@@ -435,7 +434,7 @@ def _shadow_judge(baseline: Measurement) -> Judge:
     return judge
 
 
-def _tree_judge(baseline: Measurement) -> Judge:
+def tree_judge(baseline: Measurement) -> Judge:
     def judge(probe: ServiceProbe, ctx: GateContext) -> tuple[list[GateResult], Measurement]:
         val = ctx.cfg.validation
         tree = _measure(probe, "DDTREE tree", "tree")
@@ -452,7 +451,7 @@ def _tree_judge(baseline: Measurement) -> Judge:
     return judge
 
 
-def _promote(
+def promote(
     cfg: DeployConfig,
     host: ShellHost,
     generations: GenerationStore,

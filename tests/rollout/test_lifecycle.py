@@ -70,10 +70,14 @@ def test_rollback_returns_to_linear_dflash_and_status_reports_it(
     with lab.connect() as host:
         deploy(lab.config(name, tmp_path, "algo=dflash"), host)
         deploy(lab.config(name, tmp_path, "algo=ddtree"), host)
+        deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=8"), host)
         assert arg(double_record(host, name)["argv"], "--speculative-algorithm") == "DDTREE"
+        restarts = journal_events(host, name).count("restart.done")
 
-        outcome = rollback(lab.config(name, tmp_path, "algo=ddtree"), host)
-        assert (outcome.from_generation, outcome.to_generation) == (2, 1)
+        # Past both DDTREE generations to linear DFLASH, in one restart.
+        outcome = rollback(lab.config(name, tmp_path, "algo=ddtree"), host, to_linear=True)
+        assert (outcome.from_generation, outcome.to_generation) == (3, 1)
+        assert journal_events(host, name).count("restart.done") == restarts + 1
         argv = double_record(host, name)["argv"]
         assert arg(argv, "--speculative-algorithm") == "DFLASH"
         assert not any(a.startswith("--speculative-ddtree") for a in argv)
