@@ -24,8 +24,9 @@ from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
 from validate.conftest import StandinLab, key_file
 
-# One xdist worker runs the file: the sweeps share one unit, in file order.
-pytestmark = [pytest.mark.nspawn, pytest.mark.xdist_group("tune")]
+# One xdist worker runs this file: the sweeps share one unit, in file order
+# (ONE_WORKER_FILES in tests/conftest.py).
+pytestmark = pytest.mark.nspawn
 
 NAME = "val-tune"
 PORT = 31211

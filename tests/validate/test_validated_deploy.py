@@ -25,8 +25,9 @@ from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
 from validate.conftest import StandinLab, key_file
 
-# One xdist worker runs the file: the fault tests share one unit.
-pytestmark = [pytest.mark.nspawn, pytest.mark.xdist_group("validated-deploy")]
+# One xdist worker runs this file: the fault tests share one unit
+# (ONE_WORKER_FILES in tests/conftest.py).
+pytestmark = pytest.mark.nspawn
 
 
 def deploy(lab: StandinLab, name: str, tmp: Path, port: int, *extra: str) -> int:
