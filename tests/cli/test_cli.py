@@ -52,7 +52,7 @@ def test_installed_script_facts_json_and_run_events(tmp_path: Path) -> None:
     assert facts["python_version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}.")
     (run_dir,) = (tmp_path / "runs").iterdir()
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert events == ["run.start", "facts", "run.end"]
+    assert events == ["run.start", "facts.probe", "facts", "run.end"]
 
 
 def test_installed_script_plan_refuses_cuda_mismatch(tmp_path: Path) -> None:
