@@ -5,17 +5,10 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from ddtree_deploy.kernel_build.cache import WheelCache
-from ddtree_deploy.kernel_build.key import KernelKey
+from kernel_build.test_key import BASE as KEY
 
-KEY = KernelKey(
-    torch_version="2.11.0+cu130",
-    torch_cuda="13.0",
-    cxx11_abi=True,
-    python_tag="cp312",
-    arch_list="9.0",
-    source_sha256="cd" * 32,
-)
+from ddtree_deploy.kernel_build.cache import WheelCache
+
 WHEEL = "ddtree_kernels-0.1.0-cp312-cp312-linux_x86_64.whl"
 
 
