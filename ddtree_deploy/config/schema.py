@@ -265,6 +265,9 @@ class RollbackConfig:
     # Also restore pristine SGLang files through the patch engine; by default the patches stay,
     # since linear DFLASH behaves as before under them.
     revert_patches: bool = False
+    # action=rollback straight to the newest linear-DFLASH generation, in one restart, past any
+    # DDTREE generations between (an automatic rollback after a failed gate always does this).
+    to_linear: bool = False
 
 
 @dataclass

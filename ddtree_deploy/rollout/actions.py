@@ -174,9 +174,9 @@ def tune_action(cfg: DeployConfig) -> ActionOutcome:
 
 
 def rollback_action(cfg: DeployConfig) -> ActionOutcome:
-    """Return the configured host to its previous generation."""
+    """Return the configured host to its previous generation (or its linear-DFLASH one)."""
     with connect(cfg.host) as host, _locked(cfg, host):
-        outcome = rollback(cfg, host)
+        outcome = rollback(cfg, host, to_linear=cfg.rollback.to_linear)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     came_from = f" from generation {outcome.from_generation}" if outcome.from_generation else ""
     return ActionOutcome(
