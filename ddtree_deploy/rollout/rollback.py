@@ -62,9 +62,9 @@ class _Target:
 def rollback(cfg: DeployConfig, host: ShellHost, *, to_linear: bool = False) -> RollbackOutcome:
     """Return `host` to its previous generation and wait until the unit runs steadily.
 
-    `to_linear`: to the newest linear-DFLASH generation below instead, in one restart (a tree
-    promoted over an earlier one sits on shadow, tree and shadow generations above linear, and
-    each restart of a large target takes minutes). With none in the lineage, linear DFLASH is
+    `to_linear`: to the newest linear-DFLASH generation below instead, in one restart (each
+    promotion stacks a shadow and a tree generation above linear, and each restart of a large
+    target takes minutes). With none in the lineage, linear DFLASH is
     rendered from `cfg`. An interrupted rollback is finished first, whatever `to_linear` says.
     Raises `NothingToRollBack` for a host without generations, `UnitFailedToStart` (with the
     journal) when the target does not come up either.
