@@ -16,7 +16,7 @@ CASES = [
     pytest.param(["algo.bugdet=3"], "Config key algo.bugdet does not exist; check its spelling against the files in conf/.", id="unknown-key"),
     pytest.param(["algo.budget=0"], "algo.budget=0 is out of range: SGLang 0.5.11's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-low"),
     pytest.param(["algo.budget=64"], "algo.budget=64 is out of range: SGLang 0.5.11's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-above-wide-release"),
-    pytest.param(["sglang=v0_5_14", "algo.budget=16"], "algo.budget=16 is out of range: SGLang 0.5.14's patch set verifies between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).", id="budget-above-block-release"),
+    pytest.param(["sglang=v0_5_23", "algo.budget=16"], "algo.budget=16 is out of range: SGLang 0.5.23's patch set verifies between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).", id="budget-above-block-release"),
     pytest.param(["sglang=v0_5_23", "algo.budget=63"], "algo.budget=63 is out of range: SGLang 0.5.23's patch set verifies between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).", id="budget-wide-on-block-release"),
     pytest.param(["algo=ddtree_shadow", "algo.budget=63"], "algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget=15 (got topk=1, budget=63); use algo=ddtree_shadow.", id="shadow-wide"),
     pytest.param(["algo.topk=0"], "algo.topk=0 is out of range: it must be between 1 and algo.budget = 15.", id="topk-low"),

@@ -22,8 +22,8 @@ from ddtree_deploy.rollout.tune import candidates
             "budget + 1).",
         ),
         (
-            "sglang=v0_5_14",
-            "tune.budgets=[4, 31] has 31 out of range: SGLang 0.5.14's patch set verifies "
+            "sglang=v0_5_23",
+            "tune.budgets=[4, 31] has 31 out of range: SGLang 0.5.23's patch set verifies "
             "between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).",
         ),
         ("tune.budgets=[0,8]", "tune.budgets=[0, 8] has 0 out of range"),

@@ -428,7 +428,7 @@ def propose_tree_results(W, tp_group, host_kwargs, overlap_kwargs) -> dict:
     draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
     roots = torch.tensor([1, 2, 3])
     prefix = torch.tensor([4, 9, 2])
-    worker = SimpleNamespace(_ddtree_topk=3, _ddtree_budget=block - 1)
+    worker = SimpleNamespace(_ddtree_topk=3, _ddtree_budget=block - 1, _ddtree_width=block)
     kwargs = dict(draft_hidden=draft_hidden, root_tokens=roots, prefix_lens=prefix,
                   **host_kwargs(SimpleNamespace(seq_lens_cpu=prefix.clone())))  # fmt: skip
     propose = W.DFlashWorkerV2._ddtree_propose_tree
@@ -487,6 +487,7 @@ def propose_tree_results(W, tp_group, host_kwargs, overlap_kwargs) -> dict:
 
 def ddtree_spec(**kw):
     base = dict(
+        speculative_num_draft_tokens=8,  # the verify width (0.5.14 reads it; 0.5.23 ignores it)
         speculative_ddtree_mode="tree",
         speculative_ddtree_budget=7,
         speculative_ddtree_topk=3,
