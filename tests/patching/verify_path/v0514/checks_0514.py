@@ -402,5 +402,58 @@ def hybrid_tree_links():
     }
 
 
+@check
+def hybrid_conv_window_layout():
+    """Patch 0007: the Mamba pool the patched runner builds for a DDTREE tree-mode hybrid
+    target keeps one conv window per verify node on CUDA. 0.5.14 deduplicates the conv windows
+    of a chain (topk <= 1) into one sliding window, but only on CUDA, so the CPU pool (and
+    hybrid_tree_links above) never saw that layout; the GPU lab did, as a divergence.
+
+    Real: `ModelRunnerKVCacheMixin._init_pools` up to the request pool it builds, and the
+    release's own layout rule `conv_window_dedup_enabled`, asked as on CUDA (not NPU, not CPU).
+    TEST DOUBLES: the runner (the attributes `_init_pools` reads first) and the pool class,
+    which records its arguments and stops the build (a real pool allocates on CUDA)."""
+    from sglang.srt.mem_cache import memory_pool
+    from sglang.srt.model_executor import model_runner_kv_cache_mixin as mixin
+
+    class Built(Exception):
+        pass
+
+    def recorder(**kwargs):
+        raise Built(kwargs)
+
+    def pool_topk(algorithm, mode, eagle_topk=1):
+        args = SimpleNamespace(
+            speculative_algorithm=algorithm, speculative_ddtree_mode=mode,
+            speculative_eagle_topk=eagle_topk, max_speculative_num_draft_tokens=16,
+            page_size=1, disaggregation_mode="null", enable_memory_saver=False,
+            enable_mamba_extra_buffer=lambda: False, enable_mamba_extra_buffer_lazy=lambda: False,
+            disable_overlap_schedule=False, max_mamba_cache_size=None,
+        )  # fmt: skip
+        runner = SimpleNamespace(
+            server_args=args, max_running_requests=4, req_to_token_pool=None,
+            mambaish_config=SimpleNamespace(mamba2_cache_params=SimpleNamespace(layers=[0, 1])),
+            model_config=SimpleNamespace(context_len=256), device="cpu", start_layer=0,
+            end_layer=2,
+        )  # fmt: skip
+        real = mixin.HybridReqToTokenPool
+        mixin.HybridReqToTokenPool = recorder
+        try:
+            mixin.ModelRunnerKVCacheMixin._init_pools(runner)
+        except Built as built:
+            topk = built.args[0]["speculative_eagle_topk"]
+        finally:
+            mixin.HybridReqToTokenPool = real
+        return {"topk": topk, "dedup_on_cuda": memory_pool.conv_window_dedup_enabled(
+            False, False, topk)}  # fmt: skip
+
+    return {
+        "ddtree_tree": pool_topk("DDTREE", "tree"),
+        "ddtree_tree_enum": pool_topk(SpeculativeAlgorithm.DDTREE, "tree"),
+        "ddtree_shadow": pool_topk("DDTREE", "shadow_linear"),
+        "dflash": pool_topk("DFLASH", "tree"),
+    }
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -30,6 +30,19 @@ def test_hybrid_gdn_follows_ddtree_tree_links(check: Callable[[str], dict]) -> N
     assert got["parents_found"] and got["conv_follows_tree"] and got["tree_differs_from_chain"]
 
 
+def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]) -> None:
+    """Patch 0007: on CUDA, 0.5.14's Mamba pool shares one sliding conv window between a
+    chain's verify steps; a tree's nodes need their own (each convolves its ancestors), so the
+    pool a tree-mode DDTREE runner builds keeps the dense layout. Without it the GPU lab's
+    hybrid tree diverged from DFLASH at token 3 in deterministic mode."""
+    got = check("hybrid_conv_window_layout")
+    assert got["ddtree_tree"] == {"topk": 2, "dedup_on_cuda": False}
+    assert got["ddtree_tree_enum"] == {"topk": 2, "dedup_on_cuda": False}
+    # The chains keep 0.5.14's deduplicated layout: shadow_linear is DFlash's own chain.
+    assert got["ddtree_shadow"] == {"topk": 1, "dedup_on_cuda": True}
+    assert got["dflash"] == {"topk": 1, "dedup_on_cuda": True}
+
+
 def test_worker_config_takes_the_verify_width(check: Callable[[str], dict]) -> None:
     """Budget 63: the worker verifies 64 tokens, keeps the drafter's 16-token block apart from
     the width, and refuses a budget past the width and a top-k the CUDA tree build refuses."""
