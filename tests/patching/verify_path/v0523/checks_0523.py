@@ -219,5 +219,62 @@ def worker_mamba_commit():
     }
 
 
+@check
+def hybrid_conv_window_layout():
+    """Patch 0006: the Mamba request pool `KVCacheConfigurator._build_hybrid_req_pool` builds
+    for a DDTREE tree-mode hybrid target keeps one conv window per verify node on CUDA. 0.5.23
+    deduplicates a chain's conv windows (topk <= 1) into one sliding window on CUDA only, so a
+    CPU pool never shows that layout (0.5.14's did on the GPU lab, as a divergence).
+
+    Real: `_build_hybrid_req_pool` and the release's layout rule `conv_window_dedup_enabled`,
+    asked as on CUDA for a GDN (not KDA) model. TEST DOUBLES: the configurator (the attributes
+    the method reads), the runtime-context getters and the pool class, which records its
+    arguments (a real pool allocates on CUDA)."""
+    from sglang.srt.mem_cache import kv_cache_configurator as K
+    from sglang.srt.mem_cache import memory_pool
+
+    features = SimpleNamespace(
+        mamba=SimpleNamespace(
+            enable_linear_replayssm_spec=False, enable_mamba_extra_buffer=False,
+            enable_mamba_extra_buffer_lazy=False, enable_linear_replayssm=False,
+            linear_replayssm_cache_len=16,
+        ),
+        features=SimpleNamespace(enable_memory_saver=False),
+    )  # fmt: skip
+    configurator = SimpleNamespace(
+        hybrid_kda_config=None, hybrid_gdn_config=object(), device="cpu",
+        model_config=SimpleNamespace(context_len=256),
+        mambaish_config=SimpleNamespace(mamba2_cache_params=SimpleNamespace(layers=[0, 1])),
+        layer_info=SimpleNamespace(start_layer=0, end_layer=2),
+        _get_mamba_layer_ids_for_req_pool=lambda: [0, 1], _get_ple_req_pool_kwargs=lambda: {},
+    )  # fmt: skip
+
+    def pool_topk(algorithm, mode):
+        spec = SimpleNamespace(
+            speculative_algorithm=algorithm, speculative_ddtree_mode=mode,
+            speculative_eagle_topk=1,
+        )  # fmt: skip
+        with patched(
+            K, get_spec=lambda: spec, get_exec=lambda: features,
+            get_schedule=lambda: SimpleNamespace(max_mamba_cache_size=None,
+                                                 disable_overlap_schedule=False),
+            get_memory=lambda: SimpleNamespace(enable_page_major_kv_layout=False),
+            max_speculative_num_draft_tokens=lambda: 16,
+            _pd_prefill_skips_mamba_spec_state=lambda: False, HybridReqToTokenPool=SimpleNamespace,
+        ):  # fmt: skip
+            pool = K.KVCacheConfigurator._build_hybrid_req_pool(
+                configurator, max_num_reqs=4, extra_max_context_len=20
+            )
+        topk = pool.speculative_eagle_topk
+        return {"topk": topk,
+                "dedup_on_cuda": memory_pool.conv_window_dedup_enabled(False, False, topk, False)}  # fmt: skip
+
+    return {
+        "ddtree_tree": pool_topk("DDTREE", "tree"),
+        "ddtree_shadow": pool_topk("DDTREE", "shadow_linear"),
+        "dflash": pool_topk("DFLASH", "tree"),
+    }
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

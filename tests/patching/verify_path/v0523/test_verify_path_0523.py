@@ -34,3 +34,13 @@ def test_worker_attention_backends_and_sampler(check: Callable[[str], dict]) -> 
     assert r["tree_dense"] == {"topk": 0, "outer_topk": False, "mamba_commit": False}
     assert "KDA fused-accept" in r["tree_kda_pool"]["error"]
     assert r["tree_sampler"] == "None"
+
+
+def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]) -> None:
+    """Patch 0006: on CUDA 0.5.23's Mamba pool shares one sliding conv window between a chain's
+    verify steps; a tree's nodes need their own, so a tree-mode DDTREE pool keeps the dense
+    layout (the bug 0.5.14 showed on the GPU lab, where this layout rule is the same)."""
+    got = check("hybrid_conv_window_layout")
+    assert got["ddtree_tree"] == {"topk": 2, "dedup_on_cuda": False}
+    assert got["ddtree_shadow"] == {"topk": 1, "dedup_on_cuda": True}
+    assert got["dflash"] == {"topk": 1, "dedup_on_cuda": True}
