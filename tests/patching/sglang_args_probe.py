@@ -13,9 +13,9 @@ Pieces:
   2-layer Qwen3 `config.json`) and a DFlash draft directory whose config carries
   `block_size`, which SGLang reads to infer the verify width.
 - `resolve_server_args(python, argv, sglang_root=None)` resolves `argv` in a child
-  interpreter and returns `Resolution(ok, fields, error)`: `fields` maps every ServerArgs
+  interpreter and returns `Resolution(ok, fields, error, log)`: `fields` maps every ServerArgs
   field to a JSON-able value (repr for anything else); `error` is the exception's message
-  when resolution refused the arguments. `sglang_root`, when given, is put first on
+  when resolution refused the arguments; `log` holds SGLang's log messages of the resolution. `sglang_root`, when given, is put first on
   `PYTHONPATH`, so a patched copy of the `sglang/` package shadows the installed one.
 - `compare(python, model_dir, draft_dir, sglang_root, pristine_root)` runs the checks the
   patch sets promise and returns a list of (check, passed, detail) rows.
@@ -68,7 +68,13 @@ BLOCK_MAX_BUDGET = 15
 # most of the cost) is paid once per interpreter instead of once per resolution.
 _CHILD = r"""
 import json, os, sys, logging, io
-logging.disable(logging.CRITICAL)
+class Keep(logging.Handler):  # SGLang's own log lines, returned with the resolution
+    def emit(self, record):
+        log_lines.append(record.getMessage())
+log_lines = []
+logging.getLogger("sglang").addHandler(Keep())
+logging.getLogger("sglang").setLevel(logging.INFO)
+logging.getLogger("sglang").propagate = False
 def plain(v):
     try:
         json.dumps(v)
@@ -101,7 +107,7 @@ def resolve(argv):
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}
     fields = {n: plain(v) for n, v in values.items() if not n.startswith("_")}
     fields["__sglang_file__"] = sglang.__file__
-    return {"ok": True, "fields": fields}
+    return {"ok": True, "fields": fields, "log": log_lines}
 def warm(names):
     # Resolution imports about a thousand modules lazily (model config, quantization: 3-5 s);
     # importing in this interpreter what a fork imported lets the next forks start with them.
@@ -183,7 +189,9 @@ class _Resolver:
                 return self._dead()
             if line.startswith("@@RESULT@@"):
                 data = json.loads(line[len("@@RESULT@@") :])
-                result = Resolution(data["ok"], data.get("fields", {}), data.get("error", ""))
+                result = Resolution(
+                    data["ok"], data.get("fields", {}), data.get("error", ""), data.get("log", [])
+                )
             elif line.startswith("@@DONE@@") and result is not None:
                 return result
 
@@ -215,6 +223,7 @@ class Resolution:
     ok: bool
     fields: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    log: list[str] = field(default_factory=list)  # SGLang's log messages while resolving
 
 
 def write_tiny_model_dirs(root: Path, block_size: int = 16) -> tuple[Path, Path]:

@@ -28,7 +28,7 @@ from staging import require_staging_venv
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import apply_patch_set
-from patching.sglang_args_probe import base_argv, write_tiny_model_dirs
+from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
 # The releases with the plugin registry whose server arguments live in server_args.py.
@@ -58,20 +58,6 @@ except TypeError as e:
     out["stale"] = str(e)
 print("@@RESULT@@" + json.dumps(out))
 """
-
-_WINDOW = r"""
-import json, logging, sys
-records = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        records.append(record.getMessage())
-logging.getLogger("sglang").addHandler(Keep())
-logging.getLogger("sglang").setLevel(logging.INFO)
-from sglang.srt.server_args import prepare_server_args
-sa = prepare_server_args(json.loads(sys.argv[1]))
-print("@@RESULT@@" + json.dumps({"window": sa.speculative_draft_window_size, "log": records}))
-"""
-
 
 def _child(python: Path, code: str, site: Path, *args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -124,8 +110,8 @@ def test_draft_window_is_honoured_for_ddtree_without_the_no_effect_warning(
             "--speculative-draft-window-size",
             "32",
         ]
-        got = _child(python, _WINDOW, site, json.dumps(argv))
-        assert got["window"] == 32, algorithm
+        got = resolve_server_args(str(python), argv, str(site))
+        assert got.ok and got.fields["speculative_draft_window_size"] == 32, algorithm
         # The log is captured: _handle_dflash's own warning is in it, the no-effect one is not.
-        assert any("Max running requests is reset to 48" in m for m in got["log"]), algorithm
-        assert not [m for m in got["log"] if "has no effect" in m], (algorithm, got["log"])
+        assert any("Max running requests is reset to 48" in m for m in got.log), algorithm
+        assert not [m for m in got.log if "has no effect" in m], (algorithm, got.log)
