@@ -76,7 +76,7 @@ def test_compose_local_paths_follow_ddtree_deploy_home(monkeypatch: pytest.Monke
 
 
 @pytest.mark.parametrize("budget", [31, 63])
-@pytest.mark.parametrize("sglang", ["v0_5_11", "v0_5_12", "v0_5_13", "v0_5_14"])
+@pytest.mark.parametrize("sglang", ["v0_5_11", "v0_5_12", "v0_5_13", "v0_5_14", "v0_5_23"])
 def test_compose_takes_wide_tree_budgets_on_a_release_that_verifies_them(
     sglang: str, budget: int
 ) -> None:
@@ -86,7 +86,8 @@ def test_compose_takes_wide_tree_budgets_on_a_release_that_verifies_them(
     assert (cfg.algo.budget, max_tree_budget(cfg)) == (budget, 63)
 
 
-def test_compose_other_releases_keep_the_block_limit_by_default() -> None:
-    cfg = compose_config(["sglang=v0_5_23"])
+def test_compose_a_release_without_a_wider_verify_keeps_the_block_limit() -> None:
+    """Every release with a set widens the verify now; one that does not declares no limit."""
+    cfg = compose_config(["sglang=v0_5_23", "sglang.ddtree_max_budget=null"])
     assert cfg.sglang.ddtree_max_budget is None
     assert max_tree_budget(cfg) == cfg.algo.block_size - 1 == 15

@@ -21,9 +21,9 @@ from ddtree_deploy.rollout.tune import candidates
             "between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes "
             "budget + 1).",
         ),
-        (
-            "sglang=v0_5_23",
-            "tune.budgets=[4, 31] has 31 out of range: SGLang 0.5.23's patch set verifies "
+        (  # a release that declares no wider verify keeps the block limit
+            "sglang.ddtree_max_budget=null",
+            "tune.budgets=[4, 31] has 31 out of range: SGLang 0.5.11's patch set verifies "
             "between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).",
         ),
         ("tune.budgets=[0,8]", "tune.budgets=[0, 8] has 0 out of range"),
@@ -36,7 +36,7 @@ from ddtree_deploy.rollout.tune import candidates
 def test_tune_refuses_a_bad_grid_with_one_sentence(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, sentence: str
 ) -> None:
-    budgets = "tune.budgets=[4,31]" if override.startswith("sglang=") else "tune.budgets=[4,8]"
+    budgets = "tune.budgets=[4,31]" if override.startswith("sglang.") else "tune.budgets=[4,8]"
     rc = main(["action=tune", budgets, override, f"rollout.runs_dir={tmp_path}"])
     assert rc == 2
     err = capsys.readouterr().err

@@ -56,11 +56,18 @@ DDTREE_FIELDS = (
 # and sets the verify width (speculative_num_draft_tokens) in tree mode; `compare` checks both,
 # and RESERVATION where the release has it.
 WIDTH_FIELDS = ("speculative_num_draft_tokens", "speculative_dflash_block_size")
-# 0.5.13+: the per-request draft-token reservation the KV and Mamba pools are sized by, a cached
-# property derived from the verify width (not a field), reported beside the fields.
+# 0.5.13+: the per-request draft-token reservation the KV and Mamba pools are sized by, derived
+# from the verify width (not a field: a cached property to 0.5.14, what 0.5.23 publishes into its
+# spec bag), reported beside the fields.
 RESERVATION = "max_speculative_num_draft_tokens"
 # The tree budget a set takes when it keeps the verify width at the block size (16 here).
 BLOCK_MAX_BUDGET = 15
+# compare's rows with a pristine tree given: 3 DFLASH, 4 DDTREE, hybrid flag, defaults,
+# shadow_linear, 6 refusals; a set that widens the tree verify adds 3 rows for each of budgets 31
+# and its limit, one for shadow_linear's width and one refusal. Fewer would mean a check silently
+# stopped running.
+ROWS = 16
+WIDE_ROWS = ROWS + 8
 
 # Runs inside the child interpreter: import SGLang's parser once, then answer one argv per
 # stdin line. Each argv is resolved in a fork of that interpreter, so no resolution sees
@@ -98,6 +105,12 @@ def resolve(argv):
         if hasattr(sa, "resolve_once"):  # 0.5.19+: resolution is a separate pass
             sa.resolve_once()
             values = sa.resolved_dict()
+            # The reservation the spec bag publishes (0.5.23: arg_groups/overrides.py).
+            from sglang.srt.arg_groups import overrides
+            if hasattr(overrides, "max_speculative_num_draft_tokens"):
+                values["max_speculative_num_draft_tokens"] = (
+                    overrides.max_speculative_num_draft_tokens(sa)
+                )
         else:  # dataclass ServerArgs resolves in __post_init__
             import dataclasses
             values = {f.name: getattr(sa, f.name) for f in dataclasses.fields(sa)}
@@ -273,15 +286,18 @@ def compare(
     pristine_root: str | None = None,
     device: str = "cpu",
     tree_max_budget: int = BLOCK_MAX_BUDGET,
+    extra_argv: Sequence[str] = (),
 ) -> list[tuple[str, bool, str]]:
     """Run the patch-set promises against real argument resolution.
 
     `tree_max_budget` is the largest tree budget the set takes: BLOCK_MAX_BUDGET keeps the verify
     width at the block size; a larger one adds the rows of a set that widens the tree verify.
+    `extra_argv` goes into every resolution (0.5.23 serves DDTREE on CUDA only, and its tree mode
+    only on an attention backend that takes a tree mask).
     """
     rows: list[tuple[str, bool, str]] = []
     wide = tree_max_budget > BLOCK_MAX_BUDGET
-    base = base_argv(model_dir, draft_dir, device)
+    base = [*base_argv(model_dir, draft_dir, device), *extra_argv]
     dflash_argv = [*base, "--speculative-algorithm", "DFLASH"]
 
     dflash = resolve_server_args(python, dflash_argv, sglang_root)
@@ -498,12 +514,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--tree-max-budget", type=int, default=BLOCK_MAX_BUDGET,
         help="largest DDTREE tree budget the set takes (sglang.ddtree_max_budget)",
     )  # fmt: skip
+    ap.add_argument(
+        "--extra", action="append", default=[],
+        help="an argument added to every resolution (repeat: --extra=--attention-backend ...)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, draft_dir = write_tiny_model_dirs(Path(tmp))
         rows = compare(
             args.python, model_dir, draft_dir, args.patched, args.pristine, args.device,
-            args.tree_max_budget,
+            args.tree_max_budget, args.extra,
         )  # fmt: skip
     failed = 0
     for name, ok, detail in rows:

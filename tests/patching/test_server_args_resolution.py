@@ -10,7 +10,8 @@ its staging venv (CPU): the patched modules import, DDTREE gets every setting DF
 DFLASH resolves exactly as it does on the pristine files. Without the staging venv the test
 skips (fails under DDTREE_REQUIRE_STAGING=1).
 
-0.5.23's server arguments have their own checks (tests/patching/verify_path/), so it is not listed here.
+0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/: the same
+`compare`, on CUDA with flashinfer, as 0.5.23 serves DDTREE on CUDA only), so it is not listed here.
 """
 
 from __future__ import annotations
@@ -26,16 +27,10 @@ from ddtree_deploy.config.rules import max_tree_budget
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
-from patching.sglang_args_probe import compare, write_tiny_model_dirs
+from patching.sglang_args_probe import ROWS, WIDE_ROWS, compare, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
 RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14")
-# compare's rows with a pristine tree given: 3 DFLASH, 4 DDTREE, hybrid flag, defaults,
-# shadow_linear, 6 refusals; a set that widens the tree verify adds 3 rows for each of budgets 31
-# and its limit, one for shadow_linear's width and one refusal. Fewer would mean a check silently
-# stopped running.
-ROWS = 16
-WIDE_ROWS = ROWS + 8
 
 
 @pytest.mark.parametrize("release", RELEASES)

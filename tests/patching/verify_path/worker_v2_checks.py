@@ -487,7 +487,7 @@ def propose_tree_results(W, tp_group, host_kwargs, overlap_kwargs) -> dict:
 
 def ddtree_spec(**kw):
     base = dict(
-        speculative_num_draft_tokens=8,  # the verify width (0.5.14 reads it; 0.5.23 ignores it)
+        speculative_num_draft_tokens=8,  # the verify width
         speculative_ddtree_mode="tree",
         speculative_ddtree_budget=7,
         speculative_ddtree_topk=3,
@@ -495,6 +495,177 @@ def ddtree_spec(**kw):
     )
     base.update(kw)
     return SimpleNamespace(**base)
+
+
+# ------------------------------------------------------------------ the wider tree verify
+
+# The widest tree the worker-v2 sets verify: budget 63 over the drafter's 16-token block (15 draft
+# positions), a verify width of 64.
+BLOCK, BUDGET, WIDTH = 16, 63, 64
+
+
+def error_of(fn) -> str:
+    """What `fn()` raised, as 'Type: message' ('' when it returned)."""
+    try:
+        fn()
+    except Exception as e:  # reported, asserted on by the test
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def wide_init_results(init_worker) -> dict:
+    """A budget-63 tree: `_init_ddtree` (through `init_worker(spec, block=)`, the release's
+    worker double after it) verifies 64 tokens with the drafter's 16-token block, and refuses a
+    budget past the verify width and a top-k the tree kernel refuses; `ddtree_draft_block_size`
+    gives the drafter its block in tree mode and the width otherwise."""
+    wide = ddtree_spec(
+        speculative_num_draft_tokens=WIDTH, speculative_dflash_block_size=BLOCK,
+        speculative_ddtree_budget=BUDGET, speculative_ddtree_topk=8,
+    )  # fmt: skip
+    worker = init_worker(wide, block=BLOCK)
+    over_width = ddtree_spec(speculative_num_draft_tokens=BLOCK, speculative_ddtree_budget=BUDGET)
+    topk_17 = ddtree_spec(
+        speculative_num_draft_tokens=WIDTH, speculative_ddtree_budget=BUDGET,
+        speculative_ddtree_topk=17,
+    )  # fmt: skip
+    shadow = ddtree_spec(
+        speculative_ddtree_mode="shadow_linear", speculative_num_draft_tokens=BLOCK
+    )
+    return {
+        "tree": {
+            "width": worker._ddtree_width,
+            "budget": worker._ddtree_budget,
+            "block": worker.block_size,
+        },
+        "budget_over_width": error_of(lambda: init_worker(over_width, block=BLOCK)),
+        "topk_over_kernel": error_of(lambda: init_worker(topk_17, block=BLOCK)),
+        # What __init__ gives the drafter (and its runner): DDTREE tree, DFLASH, shadow_linear.
+        "draft_block": [
+            U.ddtree_draft_block_size(SpeculativeAlgorithm.DDTREE, wide),
+            U.ddtree_draft_block_size(
+                SpeculativeAlgorithm.DFLASH, SimpleNamespace(speculative_num_draft_tokens=8)
+            ),
+            U.ddtree_draft_block_size(SpeculativeAlgorithm.DDTREE, shadow),
+        ],
+    }
+
+
+def wide_propose_results(W, tp_group, host_kwargs) -> dict:
+    """`_ddtree_propose_tree` of module `W` on a 16-token draft block builds the 64-node tree and
+    its mask, equal to the kernels' tree over the full-vocab top-k (`tp_group`, `host_kwargs`:
+    as for propose_tree_results)."""
+    bs, hidden_size, vocab = 3, 16, 64
+    g = torch.Generator().manual_seed(13)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    draft_hidden = torch.randn(bs, BLOCK, hidden_size, generator=g)
+    roots, prefix = torch.tensor([1, 2, 3]), torch.tensor([4, 9, 2])
+    worker = SimpleNamespace(_ddtree_topk=8, _ddtree_budget=BUDGET, _ddtree_width=WIDTH)
+    with patched(W, **tp_group(SimpleNamespace(world_size=1))):
+        tree = W.DFlashWorkerV2._ddtree_propose_tree(
+            worker, draft_hidden=draft_hidden, lm_head=SimpleNamespace(weight=weight),
+            root_tokens=roots, prefix_lens=prefix,
+            **host_kwargs(SimpleNamespace(seq_lens_cpu=prefix.clone())),
+        )  # fmt: skip
+    logp, ids = plain_topk(draft_hidden[:, 1:].reshape(-1, hidden_size), weight, 8)
+    ref = ops.build_tree(
+        logp.view(bs, BLOCK - 1, 8), ids.view(bs, BLOCK - 1, 8), roots, prefix, BUDGET,
+        int(prefix.sum()),
+    )  # fmt: skip
+    return {
+        "shape": list(tree.tokens.shape),
+        "fields_equal_kernels": all(same(getattr(tree, f), getattr(ref, f)) for f in ref._fields),
+        "mask_numel": int(tree.custom_mask.numel()),
+        "max_depth": int(tree.depths.max()),
+    }
+
+
+def _first_child_target(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """Target tokens that accept every node's first child (0 at a leaf): a deep path."""
+    nodes = torch.arange(tokens.shape[1])
+    children = parents[:, None, :] == nodes[None, :, None]  # [bs, parent, node]
+    first = children.int().argmax(dim=-1)
+    return torch.where(children.any(dim=-1), tokens.gather(1, first), 0)
+
+
+def argmax_logits(target: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Verify logits [bs * W, vocab] whose argmax is `target` [bs, W]."""
+    logits = torch.full((target.numel(), vocab), -5.0)
+    logits[torch.arange(target.numel()), target.reshape(-1)] = 5.0
+    return logits
+
+
+def wide_accept_results(W, worker, accept, draft_rows) -> dict:
+    """The worker's accept over a 64-node tree, greedy and sampled (through a double of the
+    release's tree sampler that reports a 64-wide path): the kernels' walk, outputs in the
+    drafter's 16-token layout; the window's 64 KV slots, then the path's KV and hidden rows moved
+    to its first slots, and the rows the draft KV is fed (`draft_rows(rows, bs)`: the release's
+    block layout of the verify rows). `accept(worker, tree, logits, prefix, sampling_info,
+    draft_input)` calls the release's `_ddtree_accept_block` on `worker` (a double with
+    block_size 16)."""
+    bs, vocab = 2, 50
+    prefix = torch.tensor([5, 11])
+    logits = torch.randn(bs, BLOCK - 1, vocab, generator=torch.Generator().manual_seed(17)) * 3
+    top = ops.topk_logprobs(logits, 8)
+    tree = U.ddtree_build_verify_tree(
+        logp=top.logp, ids=top.ids, root_tokens=torch.tensor([7, 8]), prefix_lens=prefix,
+        budget=BUDGET, width=WIDTH, prefix_lens_sum=int(prefix.sum()),
+    )  # fmt: skip
+    target = _first_child_target(tree.tokens, tree.parents)
+    walk = ops.verify_walk(tree.tokens, tree.parents, target, BLOCK - 1)
+    greedy = accept(worker, tree, argmax_logits(target, vocab), prefix, None, None)
+
+    rows = torch.arange(bs)[:, None] * WIDTH
+
+    def sampler(*, candidates, tree_retrieve, **_):
+        # TEST DOUBLE for the tree rejection sampler (a CUDA kernel): the walk's path as the
+        # kernel reports it, global node indices [bs, verify width], -1 padded.
+        accept_index = torch.full((bs, candidates.shape[1]), -1, dtype=torch.int32)
+        path = walk.accept_index[:, :BLOCK]
+        accept_index[:, :BLOCK] = torch.where(path >= 0, path + rows, -1).int()
+        return walk.accept_len - 1, None, accept_index, target.reshape(-1).int()
+
+    with patched(
+        W, is_dflash_sampling_verify_available=lambda: True,
+        compute_dflash_sampling_correct_drafts_and_bonus=sampler,
+    ):  # fmt: skip
+        sampled = accept(
+            worker, tree, argmax_logits(target, vocab), prefix,
+            SimpleNamespace(is_all_greedy=False),
+            SimpleNamespace(max_top_k=None, uniform_top_k_value=None),
+        )  # fmt: skip
+    _, commit_lens, _, out_tokens, _, accept_index = greedy
+
+    req_to_token = torch.arange(3 * 100).view(3, 100) + 1000
+    pool_rows = torch.tensor([2, 0])
+    loc = U.ddtree_window_cache_loc(req_to_token, pool_rows, prefix, WIDTH)
+    commit = ops.commit_indices(accept_index, loc)
+    tgt, src = U.ddtree_kv_move_pairs(commit.src, commit.dst)
+    k_buf = [torch.arange(1400, dtype=torch.float32).view(1400, 1, 1)]
+    v_buf = [-k_buf[0]]
+    move_kv_cache_native(k_buf, v_buf, tgt, src)
+    hidden = torch.arange(bs * WIDTH, dtype=torch.float32).unsqueeze(1)
+    path_hidden = U.ddtree_gather_path_rows(hidden, commit.hidden_rows, WIDTH)
+    fed = draft_rows(path_hidden, bs).view(bs, BLOCK)
+    kv_ok = hidden_ok = True
+    for b in range(bs):
+        nodes = accept_index[b, : int(commit_lens[b])]
+        kv_ok &= k_buf[0][loc[b, : len(nodes)], 0, 0].tolist() == loc[b, nodes].float().tolist()
+        hidden_ok &= fed[b, : len(nodes)].tolist() == (nodes + b * WIDTH).float().tolist()
+    return {
+        "walk_equal_kernels": same(accept_index, walk.accept_index)
+        and same(commit_lens, walk.accept_len.int()),
+        "out_width": list(out_tokens.shape),
+        "path_depth": (commit_lens - 1).tolist(),
+        "sampled_equal_greedy": all(same(a, b) for a, b in zip(sampled, greedy, strict=True)),
+        "window_slots": same(
+            loc,
+            torch.stack(
+                [req_to_token[r, p : p + WIDTH] for r, p in zip(pool_rows, prefix, strict=True)]
+            ),
+        ),
+        "kv_path_first": kv_ok,
+        "hidden_path_first": hidden_ok,
+    }
 
 
 # Patched in both releases' series; each release's own further targets import in its checks.

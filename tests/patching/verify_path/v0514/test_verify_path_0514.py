@@ -42,33 +42,3 @@ def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]
     assert got["ddtree_shadow"] == {"topk": 1, "dedup_on_cuda": True}
     assert got["dflash"] == {"topk": 1, "dedup_on_cuda": True}
 
-
-def test_worker_config_takes_the_verify_width(check: Callable[[str], dict]) -> None:
-    """Budget 63: the worker verifies 64 tokens, keeps the drafter's 16-token block apart from
-    the width, and refuses a budget past the width and a top-k the CUDA tree build refuses."""
-    got = check("wide_worker_init")
-    assert got["tree"] == {"width": 64, "budget": 63, "block": 16}
-    assert got["budget_over_width"] == (
-        "ValueError: DDTREE budget 63 does not fit the verify width 16 (budget + 1 <= width)."
-    )
-    assert (
-        got["topk_over_kernel"] == "ValueError: ddtree: the tree build needs 1 <= K <= 16; got 17"
-    )
-    assert got["draft_block"] == [16, 8, 16]  # tree: the block; DFLASH, shadow: the width
-
-
-def test_worker_proposes_a_64_token_tree_from_a_16_token_block(
-    check: Callable[[str], dict],
-) -> None:
-    got = check("wide_propose_tree")
-    assert got["shape"] == [3, 64] and got["fields_equal_kernels"]
-    assert got["mask_numel"] == 64 * (4 + 9 + 2) + 3 * 64 * 64
-    assert got["max_depth"] >= 2  # a real tree, not a padded chain
-
-
-def test_accept_commit_of_a_64_token_tree(check: Callable[[str], dict]) -> None:
-    """Greedy and sampled accept over a 64-node tree give the drafter's 16-token layout; the
-    verify writes the window's first 64 slots, and the path's KV and hidden rows lead it."""
-    got = check("wide_accept_and_commit")
-    assert got.pop("out_width") == [2, 16] and min(got.pop("path_depth")) >= 2
-    assert all(got.values()), got

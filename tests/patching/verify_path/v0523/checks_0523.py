@@ -19,18 +19,26 @@ import contextlib
 import sys
 from types import SimpleNamespace
 
+import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
 from checklib import check, main
 from ddtree_kernels import ops
 from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from worker_v2_checks import (
+    BLOCK,
+    BUDGET,
+    WIDTH,
     branching_case,
     ddtree_spec,
     init_results,
     patched,
     propose_tree_results,
     shadow_linear_results,
+    wide_accept_results,
+    wide_init_results,
+    wide_propose_results,
 )
 
 # ------------------------------------------------------------------ shadow_linear vs DFlash
@@ -71,9 +79,10 @@ def shadow_linear_equals_dflash():
     )
 
 
-def _init(spec, *, hybrid=False, **worker_kw):
+def _init_worker(spec, *, hybrid=False, block=8, **worker_kw):
+    """A DFlashWorkerV2 double after `_init_ddtree` (raises what it raises)."""
     worker = SimpleNamespace(
-        selector=None, lilicorr=None, _is_domino=False, block_size=8,
+        selector=None, lilicorr=None, _is_domino=False, block_size=block,
         model_runner=SimpleNamespace(model_config=SimpleNamespace(hybrid=hybrid)),
     )  # fmt: skip
     vars(worker).update(worker_kw)
@@ -83,10 +92,15 @@ def _init(spec, *, hybrid=False, **worker_kw):
         get_parallel=lambda: SimpleNamespace(tp_rank=1),
         mambaish_config=lambda cfg: object() if cfg.hybrid else None,
     ):
-        try:
-            W.DFlashWorkerV2._init_ddtree(worker)
-        except Exception as e:  # reported, asserted on by the test
-            return {"error": f"{type(e).__name__}: {e}"}
+        W.DFlashWorkerV2._init_ddtree(worker)
+    return worker
+
+
+def _init(spec, *, hybrid=False, **worker_kw):
+    try:
+        worker = _init_worker(spec, hybrid=hybrid, **worker_kw)
+    except Exception as e:  # reported, asserted on by the test
+        return {"error": f"{type(e).__name__}: {e}"}
     return {
         "mode": worker._ddtree_mode,
         "budget": worker._ddtree_budget,
@@ -118,6 +132,7 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
         _ddtree_mode=mode,
         draft_parallel_layout=None,
         _draft_worker=SimpleNamespace(init_attention_backends=lambda: None),
+        _draft_spec_scope=contextlib.nullcontext,
         model_runner=SimpleNamespace(
             model_config=SimpleNamespace(hybrid=hybrid), attn_backend=backend
         ),
@@ -152,14 +167,24 @@ def worker_attention_and_sampler():
     }
 
 
+def _tp_group(group) -> dict:
+    """0.5.23's worker reaches its TP group through get_parallel().tp_group."""
+    return {"get_parallel": lambda: SimpleNamespace(tp_group=group)}
+
+
+def _host_kwargs(batch) -> dict:
+    """0.5.23 passes the batch as batch; the host prefix lengths are on it."""
+    return {"batch": batch, "draft_input": None}
+
+
 @check
 def worker_propose_tree():
-    # 0.5.23: the TP group from get_parallel().tp_group; the batch as batch, and under overlap
-    # only the reserved upper bound of the prefix sum (nxt_kv_lens_sum) on the draft input.
+    # Under overlap only the reserved upper bound of the prefix sum (nxt_kv_lens_sum) is on the
+    # draft input.
     return propose_tree_results(
         W,
-        tp_group=lambda group: {"get_parallel": lambda: SimpleNamespace(tp_group=group)},
-        host_kwargs=lambda batch: {"batch": batch, "draft_input": None},
+        tp_group=_tp_group,
+        host_kwargs=_host_kwargs,
         overlap_kwargs=lambda prefix, block: {
             "batch": SimpleNamespace(seq_lens_cpu=None),
             "draft_input": SimpleNamespace(nxt_kv_lens_sum=int(prefix.sum()) + 3 * 2 * block),
@@ -191,6 +216,104 @@ def worker_accept_tree_greedy():
         "new_seq_lens": seq.tolist(),
         "accept_index": accept_index.tolist(),
         "synced": synced,
+    }
+
+
+@check
+def wide_worker_init():
+    return wide_init_results(_init_worker)
+
+
+@check
+def wide_propose_tree():
+    return wide_propose_results(W, tp_group=_tp_group, host_kwargs=_host_kwargs)
+
+
+@check
+def wide_accept_and_commit():
+    def accept(worker, tree, logits, prefix, sampling_info, draft_input):
+        return W.DFlashWorkerV2._ddtree_accept_block(
+            worker, tree=tree, candidates=tree.tokens, next_token_logits=logits,
+            sampling_info=sampling_info, draft_input=draft_input, prefix_lens=prefix,
+            bs=len(prefix),
+        )  # fmt: skip
+
+    # 0.5.23's worker puts the verify rows in the drafter's block layout (ddtree_block_rows)
+    # before the draft-KV append, the logprobs and the sampling mask read them.
+    return wide_accept_results(
+        W, _dflash_worker_double(block_size=BLOCK), accept,
+        lambda rows, bs: U.ddtree_block_rows(rows, bs, WIDTH, BLOCK),
+    )  # fmt: skip
+
+
+@check
+def wide_draft_runner_width():
+    """0.5.23's runners size themselves from the spec bag (get_spec()) when they are built and
+    set up, so the worker sets up its draft runner inside `_draft_spec_scope`: in DDTREE tree mode
+    the draft runner's backends and CUDA graphs see the drafter's 16-token block while the target
+    keeps the 64-token verify width; shadow_linear and DFLASH see their one width, untouched.
+
+    Real: the spec bag (a published test config, `override_server_args`), the worker's
+    `init_attention_backends` and `init_cuda_graphs`, and `ModelRunner.decode_num_tokens_per_req`,
+    the width DecodeCudaGraphRunner captures at (`captured_req_width`). TEST DOUBLES: the worker
+    and its draft worker (which records what it sees), the parallel and graph-config getters
+    (no CUDA graphs on CPU) and the draft model runner (the two attributes the width reads)."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.runtime_context import get_context, get_spec
+
+    def widths(algorithm, **fields):
+        algo = SpeculativeAlgorithm.from_string(algorithm)
+        draft_runner = SimpleNamespace(spec_algorithm=algo, is_draft_worker=True)
+        seen = []
+
+        def record(**_):
+            seen.append([
+                get_spec().speculative_num_draft_tokens,
+                ModelRunner.decode_num_tokens_per_req(draft_runner),
+            ])  # fmt: skip
+
+        worker = SimpleNamespace(
+            _ddtree_mode=None, draft_parallel_layout=None, selector=None,
+            model_runner=SimpleNamespace(
+                spec_algorithm=algo, model_config=SimpleNamespace(hybrid=False),
+                attn_backend=SimpleNamespace(),
+            ),
+            _draft_worker=SimpleNamespace(init_attention_backends=record, init_cuda_graphs=record),
+        )  # fmt: skip
+        worker._draft_spec_scope = lambda: W.DFlashWorkerV2._draft_spec_scope(worker)
+        graphs_off = SimpleNamespace(
+            graph=SimpleNamespace(
+                cuda_graph_config=SimpleNamespace(
+                    decode=SimpleNamespace(backend=W.Backend.DISABLED)
+                )
+            )
+        )
+        with (
+            get_context().override_server_args(speculative_algorithm=algorithm, **fields),
+            patched(
+                W, draft_pp_context=contextlib.nullcontext,
+                draft_tp_context=lambda layout: contextlib.nullcontext(),
+                get_parallel=lambda: SimpleNamespace(attn_dp_enabled=False, tp_rank=0),
+                get_exec=lambda: graphs_off,
+                mambaish_config=lambda cfg: None,
+            ),
+        ):  # fmt: skip
+            W.DFlashWorkerV2.init_attention_backends(worker)
+            W.DFlashWorkerV2.init_cuda_graphs(worker)
+            target = get_spec().speculative_num_draft_tokens
+        return {"backends": seen[0], "graphs": seen[1], "target": target}
+
+    wide = dict(speculative_num_draft_tokens=WIDTH, speculative_dflash_block_size=BLOCK,
+                speculative_ddtree_budget=BUDGET)  # fmt: skip
+    rows = torch.arange(2 * BLOCK).unsqueeze(1)
+    return {
+        "tree": widths("DDTREE", speculative_ddtree_mode="tree", **wide),
+        "shadow": widths(
+            "DDTREE", speculative_ddtree_mode="shadow_linear", speculative_num_draft_tokens=BLOCK
+        ),
+        "dflash": widths("DFLASH", speculative_num_draft_tokens=BLOCK),
+        # At the block width the verify rows already are the block layout, the same tensor.
+        "block_rows_untouched": U.ddtree_block_rows(rows, 2, BLOCK, BLOCK) is rows,
     }
 
 

@@ -7,8 +7,13 @@ fixtures (`check`: the JSON one check of checks_0523.py printed) are in ../conft
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from patching.sglang_args_probe import WIDE_ROWS, compare, write_tiny_model_dirs
+
+from ddtree_deploy.config import compose_config
+from ddtree_deploy.config.rules import max_tree_budget
 
 RELEASE = "0.5.23"
 
@@ -44,3 +49,37 @@ def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]
     assert got["ddtree_tree"] == {"topk": 2, "dedup_on_cuda": False}
     assert got["ddtree_shadow"] == {"topk": 1, "dedup_on_cuda": True}
     assert got["dflash"] == {"topk": 1, "dedup_on_cuda": True}
+
+
+def test_draft_runner_keeps_the_block_while_the_target_verifies_the_width(
+    check: Callable[[str], dict],
+) -> None:
+    """0.5.23's runners read their width from the spec bag: in tree mode the draft runner's
+    attention backends and CUDA graphs are set up at the drafter's 16-token block, the target's at
+    the 64-token verify width; shadow_linear and DFLASH keep their one width."""
+    got = check("wide_draft_runner_width")
+    assert got["tree"] == {"backends": [16, 16], "graphs": [16, 16], "target": 64}
+    for chain in ("shadow", "dflash"):
+        assert got[chain] == {"backends": [16, 16], "graphs": [16, 16], "target": 16}, chain
+    assert got["block_rows_untouched"]
+
+
+def test_server_args_widen_the_tree_verify(
+    staging_python: str,
+    patched_root: Path,
+    pristine_root: Callable[[str], Path],
+    tmp_path: Path,
+) -> None:
+    """0.5.23's arguments on its real parser (`sglang_args_probe.compare`, on CUDA with
+    flashinfer: 0.5.23 serves DDTREE on CUDA only, tree mode on a tree-mask backend): budgets 31
+    and 63 resolve to verify widths (and reservations) 32 and 64 with the drafter's block 16,
+    shadow_linear keeps 16, DFLASH resolves as on the pristine files, budget 64 is refused with
+    its sentence. The limit is the one compose time enforces for 0.5.23."""
+    limit = max_tree_budget(compose_config(["sglang=v0_5_23"]))
+    model, draft = write_tiny_model_dirs(tmp_path)
+    rows = compare(
+        staging_python, model, draft, str(patched_root), str(pristine_root(RELEASE)),
+        device="cuda", tree_max_budget=limit, extra_argv=("--attention-backend", "flashinfer"),
+    )  # fmt: skip
+    assert [(name, detail) for name, ok, detail in rows if not ok] == []
+    assert limit == 63 and len(rows) == WIDE_ROWS
