@@ -221,7 +221,7 @@ def test_0512_set_serves_0512_and_its_post1_only() -> None:
     # or any other release must not be served by a range nobody checked it against.
     assert select_patch_set("0.5.12").name == "0.5.12"
     assert select_patch_set("0.5.12.post1").name == "0.5.12"
-    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.15"):
+    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.16"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -232,7 +232,7 @@ def test_0513_set_serves_0513_and_its_post1_only() -> None:
     assert select_patch_set("0.5.13").name == "0.5.13"
     assert select_patch_set("0.5.13.post1").name == "0.5.13"
     assert select_patch_set("0.5.14").name == "0.5.14"
-    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.15"):
+    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.16"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -241,6 +241,16 @@ def test_0514_set_serves_0514_only() -> None:
     # 0.5.14 has no post release; a later one, or a release candidate, must not be served by a
     # pin nobody checked it against.
     assert select_patch_set("0.5.14").name == "0.5.14"
-    for other in ("0.5.14.post1", "0.5.14rc1", "0.5.15"):
+    assert select_patch_set("0.5.15").name == "0.5.15"  # its own set, not 0.5.14's
+    for other in ("0.5.14.post1", "0.5.14rc1"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)
+
+
+def test_0515_set_serves_0515_only() -> None:
+    # 0.5.15.post1 changes two of the set's targets (server_args.py, spec_info.py: DSA fields
+    # and an attention-backend lookup), so its `==0.5.15` pin must not stretch to it.
+    assert select_patch_set("0.5.15").name == "0.5.15"
+    for other in ("0.5.15.post1", "0.5.15rc1", "0.5.16"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)

@@ -1,7 +1,11 @@
-"""action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12.
+"""action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
+and the 0.5.14 set to 0.5.15.
 
-This is how the reviewed 0.5.12 set (patches/sglang/0.5.12/) began; since it shipped, these tests
-port from a sets root holding the shipped 0.5.11 set alone, so they keep exercising a real port.
+This is how the reviewed 0.5.12 and 0.5.15 sets (patches/sglang/0.5.12/, 0.5.15/) began; since
+they shipped, these tests port from a sets root holding the shipped source set alone, so they keep
+exercising a real port. The 0.5.15 ones hold the reviewed set to that port: it fails exactly at
+the worker hunks the 0.5.15 set rewrote, and with those (and the helper they call) taken from the
+0.5.15 set it regenerates the reviewed set, hashes, diffs and gate reviews.
 
 The whole 0.5.11 set does not port to 0.5.12: 0.5.12 dropped the server-args `choices=[...]`
 list and the `speculative_dflash_draft_window_size` field, and rewrote the DFlash acceptance in
@@ -76,15 +80,15 @@ def fitting_port(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
     return port_patch_set(RELEASE, root=_fitting_root(tmp_path_factory.mktemp("fit")), wheel=wheel)
 
 
-def _shipped_0511_root(base: Path) -> Path:
-    """A sets root holding the shipped 0.5.11 set alone (0.5.12 has its own set now)."""
-    shutil.copytree(patch_sets_root() / "0.5.11", base / "sets" / "0.5.11")
+def _shipped_root(base: Path, name: str = "0.5.11") -> Path:
+    """A sets root holding the shipped set `name` alone (the release ported to has its own)."""
+    shutil.copytree(patch_sets_root() / name, base / "sets" / name)
     return base / "sets"
 
 
 @pytest.fixture(scope="module")
 def whole_port(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
-    root = _shipped_0511_root(tmp_path_factory.mktemp("whole"))
+    root = _shipped_root(tmp_path_factory.mktemp("whole"))
     return port_patch_set(RELEASE, root=root, wheel=wheel_path(RELEASE))
 
 
@@ -244,7 +248,7 @@ def test_port_whole_set_fails_naming_hunks_and_lines(whole_port: PortReport) -> 
 def test_port_cli_failure_writes_reports_and_no_candidate(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    sets = _shipped_0511_root(tmp_path / "src")
+    sets = _shipped_root(tmp_path / "src")
     runs = tmp_path / "runs"
     code = main(
         [
@@ -293,7 +297,7 @@ def test_patch_without_set_points_to_port(
     code = main(
         [
             "action=patch",
-            "sglang.version=0.5.15",
+            "sglang.version=0.5.15.post1",
             f"host.sglang_venv={tmp_path / 'venv'}",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
@@ -301,15 +305,15 @@ def test_patch_without_set_points_to_port(
     )
     err = capsys.readouterr().err
     assert code == 5
-    assert "run `ddtree-deploy action=port sglang.version=0.5.15`" in err
+    assert "run `ddtree-deploy action=port sglang.version=0.5.15.post1`" in err
     assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.parametrize(
     ("release", "chosen", "phrase"),
     [
-        ("0.5.15", "0.5.14", "newest reviewed set"),
-        ("0.5.22", "0.5.14", "newest reviewed set"),  # by the rule: 0.5.23 is above it
+        ("0.5.15.post1", "0.5.15", "newest reviewed set"),
+        ("0.5.22", "0.5.15", "newest reviewed set"),  # by the rule: 0.5.23 is above it
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
     ],
@@ -385,3 +389,85 @@ def test_port_cli_refuses_existing_port_out(
     )
     err = capsys.readouterr().err.strip()
     assert code == 5 and "already exists; nothing was written" in err and "\n" not in err
+
+
+# ---------------------------------------------------------------- 0.5.14 -> 0.5.15
+
+PORTED = "0.5.15"
+WORKER = "0003-ddtree-worker.patch"
+HELPERS = "0004-ddtree-verify-input.patch"  # dflash_utils: the worker's new helper lives here
+# The 0.5.14 worker hunks whose context 0.5.15 changed, each with the line no longer there: the
+# draft runner now shares the target's server args, an in-graph draft sampler replaced the
+# eager greedy head, and the worker's batch argument is `batch` (0.5.14: model_worker_batch).
+REWRITTEN = {
+    2: "draft_server_args = deepcopy(server_args)",
+    8: "def _validate_phase1_sampling_support(",
+    9: "if draft_hidden is None:",
+    11: "batch=model_worker_batch,",
+}
+
+
+def _gate_key(gate: Any) -> tuple[str, str, str]:
+    return (str(gate.file), gate.function, gate.text)
+
+
+@pytest.fixture(scope="module")
+def port_0514(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0514"), "0.5.14")
+    return port_patch_set(PORTED, root=root, wheel=wheel_path(PORTED))
+
+
+@pytest.fixture(scope="module")
+def port_0514_with_0515_worker(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.14 set with the reviewed 0.5.15 set's worker and helper diffs."""
+    root = _shipped_root(tmp_path_factory.mktemp("p0514w"), "0.5.14")
+    for name in (WORKER, HELPERS):
+        shutil.copy(patch_sets_root() / PORTED / name, root / "0.5.14" / name)
+    return port_patch_set(PORTED, root=root, wheel=wheel_path(PORTED))
+
+
+def test_port_0514_to_0515_fails_only_at_the_rewritten_worker_hunks(port_0514: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0514.failed}
+    assert failed == {
+        (WORKER, "dflash_worker_v2.py", i): f"context line {line!r} is not in the file"
+        for i, line in REWRITTEN.items()
+    }
+    assert port_0514.candidate is None and port_0514.exit_code == 5
+
+
+def test_port_0514_to_0515_gates_are_the_reviewed_sets(port_0514: PortReport) -> None:
+    """The sites the port left unreviewed are the ones the 0.5.15 set reviews new (and none stays
+    unreviewed there), every review carried over keeps its disposition, and the reviews left
+    behind are the sites 0.5.15 no longer has (plus, since hunks failed and the port scanned no
+    patched text, those of the lines the patches write, which the 0.5.15 set reviews)."""
+    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / PORTED).gates}
+    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.14").gates}
+    unreviewed = {_gate_key(g.site) for g in port_0514.unreviewed}
+    assert len(unreviewed) == 4
+    assert unreviewed == {k for k in reviewed if k not in shipped}
+    assert {reviewed[k].disposition.value for k in unreviewed} == {"widened"}
+    for gate in port_0514.gates:
+        if gate.review is not None:
+            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
+    dropped = {_gate_key(r) for r in port_0514.dropped_reviews}
+    gone = shipped - set(reviewed)
+    assert gone and gone <= dropped
+    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
+
+
+def test_port_0514_with_0515_worker_regenerates_the_reviewed_set(
+    port_0514_with_0515_worker: PortReport,
+) -> None:
+    """Every other 0.5.14 patch ports to exactly the reviewed 0.5.15 diff (so a change to the
+    0.5.14 set that 0.5.15's code shares shows up here until 0.5.15 carries it)."""
+    candidate = port_0514_with_0515_worker.candidate
+    assert candidate is not None
+    reviewed = load_patch_set(patch_sets_root() / PORTED)
+    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
+    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
+        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
+            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
+        ], made.name
+        assert made.text == shipped.diff_path.read_text(), made.name
+    ported = {_gate_key(g.site): g.review for g in candidate.gates}
+    assert set(ported) == {_gate_key(g) for g in reviewed.gates}

@@ -1,7 +1,7 @@
 """The server-args promise of each patch set whose arguments live in server_args.py, on the
-release's real parser: the v1 (DFlashWorker) releases and 0.5.14, the first DFlashWorkerV2 one
+release's real parser: the v1 (DFlashWorker) releases, 0.5.14, the first DFlashWorkerV2 one
 (its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
-dataclass fields, the resolution is the same).
+dataclass fields, the resolution is the same), and 0.5.15 (the same layout).
 
 For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
 `sglang_args_probe.compare` resolves arguments with that release's own `prepare_server_args` in
@@ -30,7 +30,7 @@ from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
 from patching.sglang_args_probe import ROWS, WIDE_ROWS, compare, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
-RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14")
+RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15")
 
 
 @pytest.mark.parametrize("release", RELEASES)

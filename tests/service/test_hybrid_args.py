@@ -2,9 +2,10 @@
 
 SGLang 0.5.11, 0.5.12 and 0.5.13 refuse any speculative algorithm on a hybrid (attention + GDN) target while the
 radix cache is on; the units rendered for the CT hosts once carried nothing about it, so their
-linear-DFlash baseline could never start. 0.5.14 (spec-v2 worker) no longer refuses: with the
-radix cache on it switches the mamba cache to its extra_buffer strategy, which needs CUDA (FLA)
-and is not proven with DFLASH or DDTREE on a GPU yet, so its units keep the radix cache off too.
+linear-DFlash baseline could never start. 0.5.14 and 0.5.15 (spec-v2 worker) no longer refuse:
+with the radix cache on they switch the mamba cache to the extra_buffer strategy, which needs CUDA
+(FLA) and is not proven with DFLASH or DDTREE on a GPU yet, so their units keep the radix cache
+off too.
 These tests resolve the rendered argv with the release's own `prepare_server_args` (staging venv,
 CPU).
 """
@@ -36,6 +37,7 @@ WITH_RADIX_CACHE = {
     "0.5.12": "not compatible with radix cache",
     "0.5.13": "not compatible with radix cache",
     "0.5.14": "extra_buffer needs CUDA/MUSA/NPU (FLA)",  # the strategy it picks instead
+    "0.5.15": "extra_buffer needs CUDA/MUSA/NPU (FLA)",
 }
 
 
@@ -48,7 +50,7 @@ def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
     assert resolved.ok, resolved.error
     assert resolved.fields["disable_radix_cache"] is True
     # What the release does without it: the refusal the rendered unit used to hit at start
-    # (0.5.14: the extra_buffer strategy, which cannot run on this CPU).
+    # (0.5.14, 0.5.15: the extra_buffer strategy, which cannot run on this CPU).
     bare = resolve_server_args(python, [a for a in argv if a != "--disable-radix-cache"])
     assert not bare.ok
     assert WITH_RADIX_CACHE[release] in bare.error

@@ -1,13 +1,16 @@
-"""Checks of the 0.5.14 DDTREE verify path, run inside the SGLang 0.5.14 staging venv.
+"""Checks of the 0.5.14 and 0.5.15 DDTREE verify paths, run inside the release's staging venv.
 
 Run as `python checks_0514.py NAME|all` with the patched `sglang/` first on PYTHONPATH, then its
 parent folder (`worker_v2_checks.py`: the checks every worker-v2 release shares) and `kernels/`
 (ddtree_kernels, its pure-torch reference on CPU). Prints one `@@JSON@@` line per check; the
-pytest side (test_verify_path_worker_v2.py, test_verify_path_0514.py) asserts on it. The worker
-checks return the same keys as 0.5.23's, so the shared tests hold both releases to one promise.
+pytest side (test_verify_path_worker_v2.py, test_verify_path_0514.py, test_verify_path_0515.py)
+asserts on it. The worker checks return the same keys as 0.5.23's, so the shared tests hold every
+release to one promise. 0.5.15's set is 0.5.14's with the worker hunks rewritten, so one module
+serves both: the few places the two workers differ (how the tree proposal takes the batch and the
+host lengths; 0.5.15's draft runner server args and in-graph draft sampler) follow `RELEASE`.
 
-Real: the DFlashWorkerV2 methods the 0.5.14 patches add or change, called unbound, DFlash's own
-greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch version the
+Real: the DFlashWorkerV2 methods the 0.5.14/0.5.15 patches add or change, called unbound,
+DFlash's own greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch version the
 worker falls back to), the linear-attention backend and SGLang's Triton conv kernel (interpreted
 on CPU: TRITON_INTERPRET=1). TEST DOUBLES, because the real objects need a GPU or a scheduler:
 `SimpleNamespace` workers standing in for a DFlashWorkerV2 instance (only the attributes each
@@ -28,12 +31,14 @@ from ddtree_kernels import ops
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as H
 from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.version import __version__ as RELEASE
 from worker_v2_checks import (
     BLOCK,
     WIDTH,
     argmax_logits,
     branching_case,
     init_results,
+    patched,
     propose_tree_results,
     shadow_linear_results,
     wide_accept_results,
@@ -43,16 +48,41 @@ from worker_v2_checks import (
 
 
 def _tp_group(group) -> dict:
-    """0.5.14's worker reaches its TP group through get_tp_group()."""
+    """0.5.14's and 0.5.15's workers reach their TP group through get_tp_group()."""
     return {"get_tp_group": lambda: group}
 
 
-def _host_kwargs(batch) -> dict:
-    """0.5.14's host lengths are on the draft input (planning under overlap), the batch is
-    model_worker_batch."""
+def _exact_host_kwargs(batch) -> dict:
+    """`_ddtree_propose_tree`'s host arguments when it may size the mask exactly. 0.5.14: the
+    batch (as model_worker_batch) with its committed lengths, no bound on the draft input.
+    0.5.15: no host lengths at all (it then sums the device lengths)."""
+    if RELEASE == "0.5.14":
+        return {
+            "model_worker_batch": batch,
+            "draft_input": SimpleNamespace(planning_seq_lens_cpu=None, reserved_seq_lens_cpu=None),
+        }
     return {
-        "model_worker_batch": batch,
-        "draft_input": SimpleNamespace(planning_seq_lens_cpu=None, reserved_seq_lens_cpu=None),
+        "batch": SimpleNamespace(seq_lens_cpu=None),
+        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None),
+    }
+
+
+def _overlap_host_kwargs(prefix: torch.Tensor, block: int) -> dict:
+    """Under overlap only an upper bound of the prefix lengths is on the host. 0.5.14: the draft
+    input's planning bound (prefix + 2 blocks here). 0.5.15: the batch's committed lengths,
+    which lag one step, to which the worker adds one accepted block per request."""
+    if RELEASE == "0.5.14":
+        return {
+            "model_worker_batch": SimpleNamespace(seq_lens_cpu=None),
+            "draft_input": SimpleNamespace(
+                planning_seq_lens_cpu=prefix + 2 * block,
+                planning_seq_lens_sum=int(prefix.sum()) + len(prefix) * 2 * block,
+                reserved_seq_lens_cpu=None,
+            ),
+        }
+    return {
+        "batch": SimpleNamespace(seq_lens_cpu=prefix.clone()),
+        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None),
     }
 
 
@@ -121,17 +151,7 @@ def worker_init():
 @check
 def worker_propose_tree():
     return propose_tree_results(
-        W,
-        tp_group=_tp_group,
-        host_kwargs=_host_kwargs,
-        overlap_kwargs=lambda prefix, block: {
-            "model_worker_batch": SimpleNamespace(seq_lens_cpu=None),
-            "draft_input": SimpleNamespace(
-                planning_seq_lens_cpu=prefix + 2 * block,
-                planning_seq_lens_sum=int(prefix.sum()) + 3 * 2 * block,
-                reserved_seq_lens_cpu=None,
-            ),
-        },
+        W, tp_group=_tp_group, host_kwargs=_exact_host_kwargs, overlap_kwargs=_overlap_host_kwargs
     )
 
 
@@ -183,7 +203,7 @@ def wide_worker_init():
 
 @check
 def wide_propose_tree():
-    return wide_propose_results(W, tp_group=_tp_group, host_kwargs=_host_kwargs)
+    return wide_propose_results(W, tp_group=_tp_group, host_kwargs=_exact_host_kwargs)
 
 
 @check
@@ -212,11 +232,15 @@ def hybrid_tree_links():
         def get_mamba_indices(self, req_pool_indices):
             return req_pool_indices.to(torch.int32)
 
+        def translate_mamba_indices(self, mamba_indices):  # 0.5.15: identity (not unified)
+            return mamba_indices
+
     def backend(algorithm, mode="tree", eagle_topk=None):
         args = SimpleNamespace(
             speculative_algorithm=algorithm,
             speculative_ddtree_mode=mode,
             speculative_eagle_topk=eagle_topk,
+            enable_unified_memory=False,  # 0.5.15 reads it
         )
         runner = SimpleNamespace(
             device="cpu", server_args=args, req_to_token_pool=FakeMambaPool(),
@@ -243,6 +267,7 @@ def hybrid_tree_links():
         batch_size=bs, forward_mode=ForwardMode.TARGET_VERIFY,
         input_ids=torch.zeros(bs * width, dtype=torch.int64), spec_info=vi,
         req_pool_indices=torch.arange(bs), mamba_track_mask=None,
+        mamba_track_indices=None, _original_batch_size=None,  # 0.5.15 reads these
     )  # fmt: skip
     tree_backend = backend("DDTREE")
     eager = tree_backend._forward_metadata(verify)
@@ -298,6 +323,9 @@ def hybrid_conv_window_layout():
             page_size=1, disaggregation_mode="null", enable_memory_saver=False,
             enable_mamba_extra_buffer=lambda: False, enable_mamba_extra_buffer_lazy=lambda: False,
             disable_overlap_schedule=False, max_mamba_cache_size=None,
+            # 0.5.15 reads these (its unified pool, ReplaySSM, page-major layout: opt-in).
+            enable_unified_memory=False, enable_linear_replayssm=False,
+            linear_replayssm_cache_len=16, enable_page_major_kv_layout=False,
         )  # fmt: skip
         runner = SimpleNamespace(
             server_args=args, max_running_requests=4, req_to_token_pool=None,
@@ -322,6 +350,82 @@ def hybrid_conv_window_layout():
         "ddtree_shadow": pool_topk("DDTREE", "shadow_linear"),
         "dflash": pool_topk("DFLASH", "tree"),
     }
+
+
+def draft_runner_server_args():
+    """0.5.15 builds the draft runner from the target's own server args (0.5.14 deep-copied
+    them). `ddtree_draft_server_args` hands the runner the same object, except in tree mode
+    wider than the block: then a copy whose speculative_num_draft_tokens is the drafter's block
+    and whose cached reservation (`max_speculative_num_draft_tokens`) is computed afresh, the
+    target's left as it was. Real: ServerArgs' own cached property, on an instance built
+    without __post_init__ (TEST DOUBLE of a resolved one: only the fields read here)."""
+    from sglang.srt.server_args import ServerArgs
+
+    def resolved(**fields):
+        args = ServerArgs.__new__(ServerArgs)
+        args.__dict__.update(
+            {"speculative_adaptive": False, "speculative_draft_attention_backend": "flashinfer",
+             "speculative_dflash_block_size": None, **fields}
+        )  # fmt: skip
+        return args
+
+    wide = resolved(
+        speculative_num_draft_tokens=WIDTH, speculative_dflash_block_size=BLOCK,
+        speculative_ddtree_mode="tree",
+    )  # fmt: skip
+    target_cached = wide.max_speculative_num_draft_tokens  # as the target's runner caches it
+    draft = U.ddtree_draft_server_args(SpeculativeAlgorithm.DDTREE, wide)
+    same_object = {
+        name: U.ddtree_draft_server_args(algorithm, args) is args
+        for name, algorithm, args in (
+            ("dflash", SpeculativeAlgorithm.DFLASH, resolved(speculative_num_draft_tokens=BLOCK)),
+            ("shadow", SpeculativeAlgorithm.DDTREE, resolved(
+                speculative_num_draft_tokens=BLOCK, speculative_ddtree_mode="shadow_linear")),
+            ("tree_at_block", SpeculativeAlgorithm.DDTREE, resolved(
+                speculative_num_draft_tokens=BLOCK, speculative_dflash_block_size=BLOCK,
+                speculative_ddtree_mode="tree")),
+        )
+    }  # fmt: skip
+    return {
+        "wide_draft": [draft.speculative_num_draft_tokens, draft.max_speculative_num_draft_tokens],
+        "wide_target": [
+            target_cached,
+            wide.speculative_num_draft_tokens,
+            wide.max_speculative_num_draft_tokens,
+        ],
+        "wide_is_copy": draft is not wide and type(draft) is ServerArgs,
+        "copy_keeps_backend": draft.speculative_draft_attention_backend == "flashinfer",
+        "same_object": same_object,
+    }
+
+
+def draft_sampler_off_in_tree_mode():
+    """0.5.15 folds DFLASH's greedy draft head into the draft CUDA graph (an argmax). Tree mode
+    drafts top-k log-probs from the hidden states instead, so `_maybe_build_draft_sampler`
+    builds none for it; shadow_linear and DFLASH keep it (shadow_linear is DFlash's own chain).
+    TEST DOUBLE: the worker (the attributes the method reads) and the TP-group getter."""
+    weight = torch.randn(32, 8)
+
+    def build(mode):
+        worker = SimpleNamespace(
+            _ddtree_mode=mode, tp_rank=1, block_size=BLOCK,
+            _target_worker=SimpleNamespace(
+                model_runner=SimpleNamespace(model=SimpleNamespace(
+                    lm_head=SimpleNamespace(weight=weight)))
+            ),
+            server_args=SimpleNamespace(
+                cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=[1, 4]))),
+        )  # fmt: skip
+        with patched(W, get_tp_group=lambda: SimpleNamespace(world_size=1)):
+            sampler = W.DFlashWorkerV2._maybe_build_draft_sampler(worker)
+        return type(sampler).__name__
+
+    return {"tree": build("tree"), "shadow": build("shadow_linear"), "dflash": build(None)}
+
+
+if RELEASE != "0.5.14":  # what only 0.5.15's worker has (test_verify_path_0515.py)
+    check(draft_runner_server_args)
+    check(draft_sampler_off_in_tree_mode)
 
 
 if __name__ == "__main__":
