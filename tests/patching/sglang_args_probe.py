@@ -15,8 +15,9 @@ Pieces:
 - `resolve_server_args(python, argv, sglang_root=None)` resolves `argv` in a child
   interpreter and returns `Resolution(ok, fields, error, log)`: `fields` maps every ServerArgs
   field to a JSON-able value (repr for anything else); `error` is the exception's message
-  when resolution refused the arguments; `log` holds SGLang's log messages of the resolution. `sglang_root`, when given, is put first on
-  `PYTHONPATH`, so a patched copy of the `sglang/` package shadows the installed one.
+  when resolution refused the arguments; `log` holds SGLang's log messages of the resolution.
+  `sglang_root`, when given, is put first on `PYTHONPATH`, so a patched copy of the `sglang/`
+  package shadows the installed one.
 - `compare(python, model_dir, draft_dir, sglang_root, pristine_root)` runs the checks the
   patch sets promise and returns a list of (check, passed, detail) rows.
 
