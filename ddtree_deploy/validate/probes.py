@@ -95,7 +95,7 @@ class Expected:
             )
             if deploy.sglang.ddtree_max_budget is not None:
                 # A set that widens the tree verify reports the target's verify width (a flat
-                # ServerArgs field there; 0.5.23 nests it): budget + 1 past the drafter's block.
+                # field of /server_info, 0.5.23's resolved_dict too): budget + 1 past the block.
                 fields["speculative_num_draft_tokens"] = (
                     algo.block_size if shadow else max(algo.block_size, algo.budget + 1)
                 )

@@ -80,9 +80,12 @@ def test_expected_server_info_asks_for_the_wide_verify_width() -> None:
     assert Expected.of(cfg).mismatches(info) == ["speculative_num_draft_tokens=16 (asked for 64)"]
     shadow = Expected.of(compose_config(["algo=ddtree_shadow"])).fields
     assert shadow["speculative_num_draft_tokens"] == 16
-    # Releases that keep the block width are not asked (0.5.23 reports no such flat field).
-    other = Expected.of(compose_config(["sglang=v0_5_23", "algo=ddtree"])).fields
+    # A set that keeps the block width (no ddtree_max_budget) is not asked for one.
+    other = Expected.of(compose_config(["algo=ddtree", "sglang.ddtree_max_budget=null"])).fields
     assert "speculative_num_draft_tokens" not in other
+    # 0.5.23 widens too; its /server_info is resolved_dict(), where the width is a flat field.
+    wide_0523 = Expected.of(compose_config(["sglang=v0_5_23", "algo=ddtree", "algo.budget=31"]))
+    assert wide_0523.fields["speculative_num_draft_tokens"] == 32
 
 
 def test_tree_stand_in_keeps_linear_tokens_and_is_faster(
