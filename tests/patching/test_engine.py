@@ -247,10 +247,13 @@ def test_0514_set_serves_0514_only() -> None:
             select_patch_set(other)
 
 
-def test_0515_set_serves_0515_only() -> None:
+def test_0515_sets_serve_0515_and_its_post1_each() -> None:
     # 0.5.15.post1 changes two of the set's targets (server_args.py, spec_info.py: DSA fields
-    # and an attention-backend lookup), so its `==0.5.15` pin must not stretch to it.
+    # and an attention-backend lookup), so its `==0.5.15` pin must not stretch to it: the derived
+    # 0.5.15.post1 set serves it, with 0.5.15's diffs and its own hashes.
     assert select_patch_set("0.5.15").name == "0.5.15"
-    for other in ("0.5.15.post1", "0.5.15rc1", "0.5.16"):
+    derived = select_patch_set("0.5.15.post1")
+    assert (derived.name, derived.base) == ("0.5.15.post1", "0.5.15")
+    for other in ("0.5.15.post2", "0.5.15rc1", "0.5.16"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)

@@ -1,7 +1,8 @@
 """The server-args promise of each patch set whose arguments live in server_args.py, on the
 release's real parser: the v1 (DFlashWorker) releases, 0.5.14, the first DFlashWorkerV2 one
 (its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
-dataclass fields, the resolution is the same), and 0.5.15 (the same layout).
+dataclass fields, the resolution is the same), and 0.5.15 (the same layout), each .post release
+on its own wheel.
 
 For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
 `sglang_args_probe.compare` resolves arguments with that release's own `prepare_server_args` in
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
-from staging import require_staging_venv
+from staging import require_staging_venv, staging_overrides
 
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.config.rules import max_tree_budget
@@ -30,7 +31,18 @@ from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
 from patching.sglang_args_probe import ROWS, WIDE_ROWS, compare, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
-RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15")
+# The .post releases run on their own wheels too: 0.5.12.post1's and 0.5.13.post1's targets are
+# their base's bytes, 0.5.15.post1's server_args.py is not (its derived set).
+RELEASES = (
+    "0.5.11",
+    "0.5.12",
+    "0.5.12.post1",
+    "0.5.13",
+    "0.5.13.post1",
+    "0.5.14",
+    "0.5.15",
+    "0.5.15.post1",
+)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -49,7 +61,7 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     assert plan_patch(host, PurePosixPath(site), patch_set).state is SetState.applied
     model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
     # The limit compose time enforces for this release is the one its set must resolve.
-    limit = max_tree_budget(compose_config([f"sglang=v{release.replace('.', '_')}"]))
+    limit = max_tree_budget(compose_config(staging_overrides(release)))
     rows = compare(
         str(python), model_dir, draft_dir, str(site), str(pristine_root(release)),
         tree_max_budget=limit,
