@@ -1,7 +1,9 @@
 """The server-args promise of each patch set whose arguments live in server_args.py, on the
 release's real parser: the v1 (DFlashWorker) releases, 0.5.14, the first DFlashWorkerV2 one
 (its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
-dataclass fields, the resolution is the same), and 0.5.15 (the same layout).
+dataclass fields, the resolution is the same), 0.5.15 (the same layout) and 0.5.16 (the same
+layout; its `_handle_dflash` refuses any device but CUDA, as 0.5.23's does, so its arguments are
+resolved for CUDA with flashinfer, the backend a tree needs, as 0.5.23's are).
 
 For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
 `sglang_args_probe.compare` resolves arguments with that release's own `prepare_server_args` in
@@ -30,7 +32,9 @@ from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
 from patching.sglang_args_probe import ROWS, WIDE_ROWS, compare, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
-RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15")
+RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16")
+# The releases that speculate with DFLASH (so DDTREE) on CUDA only: their resolution runs for it.
+CUDA_ONLY = frozenset({"0.5.16"})
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -50,9 +54,11 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
     # The limit compose time enforces for this release is the one its set must resolve.
     limit = max_tree_budget(compose_config([f"sglang=v{release.replace('.', '_')}"]))
+    cuda = release in CUDA_ONLY
     rows = compare(
         str(python), model_dir, draft_dir, str(site), str(pristine_root(release)),
-        tree_max_budget=limit,
+        device="cuda" if cuda else "cpu", tree_max_budget=limit,
+        extra_argv=("--attention-backend", "flashinfer") if cuda else (),
     )  # fmt: skip
     failed = [(name, detail) for name, ok, detail in rows if not ok]
     assert failed == []
