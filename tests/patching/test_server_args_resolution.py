@@ -29,12 +29,16 @@ from ddtree_deploy.config.rules import max_tree_budget
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
-from patching.sglang_args_probe import ROWS, WIDE_ROWS, compare, write_tiny_model_dirs
+from patching.sglang_args_probe import (
+    ROWS,
+    WIDE_ROWS,
+    compare,
+    release_device,
+    write_tiny_model_dirs,
+)
 from patching.trees import real_patch_set
 
 RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16")
-# The releases that speculate with DFLASH (so DDTREE) on CUDA only: their resolution runs for it.
-CUDA_ONLY = frozenset({"0.5.16"})
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -54,11 +58,10 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
     # The limit compose time enforces for this release is the one its set must resolve.
     limit = max_tree_budget(compose_config([f"sglang=v{release.replace('.', '_')}"]))
-    cuda = release in CUDA_ONLY
+    device, extra_argv = release_device(release)
     rows = compare(
         str(python), model_dir, draft_dir, str(site), str(pristine_root(release)),
-        device="cuda" if cuda else "cpu", tree_max_budget=limit,
-        extra_argv=("--attention-backend", "flashinfer") if cuda else (),
+        device=device, tree_max_budget=limit, extra_argv=extra_argv,
     )  # fmt: skip
     failed = [(name, detail) for name, ok, detail in rows if not ok]
     assert failed == []
