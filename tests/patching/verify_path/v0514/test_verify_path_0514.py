@@ -35,9 +35,9 @@ def test_hybrid_gdn_follows_ddtree_tree_links(check: Callable[[str], dict]) -> N
 
 def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]) -> None:
     """Patch 0007: on CUDA, 0.5.14's (0.5.15's, 0.5.16's) Mamba pool shares one sliding conv
-    window of a chain's verify steps; a tree's nodes need their own (each convolves its ancestors), so the
-    pool a tree-mode DDTREE runner builds keeps the dense layout. Without it the GPU lab's
-    hybrid tree diverged from DFLASH at token 3 in deterministic mode."""
+    window of a chain's verify steps; a tree's nodes need their own (each convolves its
+    ancestors), so the pool a tree-mode DDTREE runner builds keeps the dense layout. Without it
+    the GPU lab's hybrid tree diverged from DFLASH at token 3 in deterministic mode."""
     got = check("hybrid_conv_window_layout")
     assert got["ddtree_tree"] == {"topk": 2, "dedup_on_cuda": False}
     assert got["ddtree_tree_enum"] == {"topk": 2, "dedup_on_cuda": False}
