@@ -14,8 +14,8 @@ commit flag, draft runner builder and pools built by the KV-cache configurator) 
 
 Real: the DFlashWorkerV2 methods the 0.5.14 to 0.5.16 patches add or change, called unbound,
 DFlash's own greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch
-version the worker falls back to), the linear-attention backend and SGLang's Triton conv kernel (interpreted
-on CPU: TRITON_INTERPRET=1). TEST DOUBLES, because the real objects need a GPU or a scheduler:
+version the worker falls back to), the linear-attention backend and SGLang's Triton conv kernel
+(interpreted on CPU: TRITON_INTERPRET=1). TEST DOUBLES, because the real objects need a GPU or a scheduler:
 `SimpleNamespace` workers standing in for a DFlashWorkerV2 instance (only the attributes each
 method reads), `Group` (TP ranks as threads), the TP-group getter, a recording attention
 backend and the Mamba slot pool.
