@@ -49,15 +49,18 @@ MAX_GLIBC = (2, 34)
 SDIST_ALLOWED = {"antlr4-python3-runtime"}
 
 # Which sglang-kernel each release pins (its METADATA: Requires-Dist: sglang-kernel==...).
-KERNEL_FOR_RELEASE = {"0.5.11": "0.4.2", "0.5.14": "0.4.4", "0.5.15": "0.4.4"}
+KERNEL_FOR_RELEASE = {"0.5.11": "0.4.2", "0.5.14": "0.4.4", "0.5.15": "0.4.4", "0.5.16": "0.4.5"}
 
 # Inside sgl_kernel/, what the lab never loads: FlashAttention 3 (1.07 GB, only for
-# --attention-backend fa3), FlashMLA and the sm100 build. Everything outside sgl_kernel/ and its
-# dist-info (lib/, lib64/, include/, deep_gemm/, triton_kernels/, _mscclpp*) is dropped too.
+# --attention-backend fa3), FlashMLA, the sm100 build and (0.4.5) the InfLLM-V2 attention ops,
+# loaded lazily by their own backend only and built for CPython 3.10, so no Python 3.12 could
+# load them anyway. Everything outside sgl_kernel/ and its dist-info (lib/, lib64/, include/,
+# deep_gemm/, triton_kernels/, _mscclpp*) is dropped too.
 KERNEL_DROP = (
     "sgl_kernel/flash_ops.abi3.so",
     "sgl_kernel/flashmla_ops.abi3.so",
     "sgl_kernel/sm100/",
+    "sgl_kernel/infllm_ops.",
 )
 
 # Inside other wheels, what the lab never reads: flashinfer's CUTLASS and CCCL headers, which only
@@ -66,6 +69,9 @@ KERNEL_DROP = (
 # them, 3.8 MiB without. The wheel keeps its file name; its RECORD lists only what it still holds.
 WHEEL_DROP = {
     "flashinfer-python": ("flashinfer/data/cutlass/", "flashinfer/data/cccl/"),
+    # xgrammar (SGLang 0.5.16 imports it at start) ships its static library beside the Python
+    # bindings, which alone are loaded: 44.7 MiB with it, 12.8 without.
+    "xgrammar": ("xgrammar/lib/",),
 }
 
 # Sizes are in MiB, the carry limit's unit (64 MiB per call, the repo's own files included): the
