@@ -127,6 +127,7 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
         "0.5.14",
         "0.5.15",
         "0.5.16",
+        "0.5.17",
         "0.5.23",
     ]
     assert found["kernels_setup"] and found["unit_mentions_ddtree"]

@@ -48,6 +48,7 @@ REGISTRY_RELEASES = (
     "0.5.15",
     "0.5.15.post1",
     "0.5.16",
+    "0.5.17",
 )
 
 _REGISTER = r"""
@@ -105,15 +106,16 @@ def test_plugin_registration_works_on_the_patched_release(
     assert got["plugin"] == ["CustomSpecAlgo", False, False]
     assert got["ddtree"] == ["DDTREE", True, True]
     assert "'DDTREE' is a reserved speculative algorithm name" in got["reserved"]
-    # 0.5.16: in the DFlash family, not DSPARK's ragged verify; a plugin stays outside.
-    assert got.get("family") == ([True, False, False, True, False] if release == "0.5.16" else None)
+    # 0.5.16 and 0.5.17: in the DFlash family, not DSPARK's ragged verify; a plugin stays outside.
+    family = [True, False, False, True, False] if release in ("0.5.16", "0.5.17") else None
+    assert got.get("family") == family
     if release.startswith("0.5.12"):  # no conformance check yet
         assert got["stale"] is None
     else:
         assert "missing duck-typed methods" in got["stale"] and "is_ddtree" in got["stale"]
 
 
-@pytest.mark.parametrize("release", ["0.5.13", "0.5.14", "0.5.15", "0.5.16"])
+@pytest.mark.parametrize("release", ["0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17"])
 def test_draft_window_is_honoured_for_ddtree_without_the_no_effect_warning(
     release: str,
     make_tree: Callable[[str], Path],

@@ -41,6 +41,7 @@ WITH_RADIX_CACHE = {
     "0.5.14": "extra_buffer needs CUDA/MUSA/NPU (FLA)",  # the strategy it picks instead
     "0.5.15": "extra_buffer needs CUDA/MUSA/NPU (FLA)",
     "0.5.16": "extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)",
+    "0.5.17": "extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)",
 }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
 
-WORKER_V2_RELEASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.23")
+WORKER_V2_RELEASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.23")
 
 
 @pytest.fixture(scope="module", params=WORKER_V2_RELEASES)
