@@ -1,10 +1,10 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
-the 0.5.14 set to 0.5.15 and the 0.5.15 set to 0.5.16.
+the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16 and the 0.5.16 set to 0.5.17.
 
-This is how the reviewed 0.5.12, 0.5.15 and 0.5.16 sets (patches/sglang/0.5.12/, 0.5.15/,
-0.5.16/) began; since they shipped, these tests port from a sets root holding the shipped source
-set alone, so they keep exercising a real port. The 0.5.15 and 0.5.16 ones hold the reviewed set
-to that port: it fails exactly at the hunks the reviewed set rewrote, and with those (and the
+This is how the reviewed 0.5.12, 0.5.15, 0.5.16 and 0.5.17 sets (patches/sglang/0.5.12/, 0.5.15/,
+0.5.16/, 0.5.17/) began; since they shipped, these tests port from a sets root holding the shipped
+source set alone, so they keep exercising a real port. The 0.5.15 to 0.5.17 ones hold the reviewed
+set to that port: it fails exactly at the hunks the reviewed set rewrote, and with those (and the
 helper they call) taken from the reviewed set it regenerates the reviewed set, hashes, diffs and
 gate reviews.
 
@@ -22,7 +22,7 @@ import json
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -474,113 +474,176 @@ def test_port_0514_with_0515_worker_regenerates_the_reviewed_set(
     assert set(ported) == {_gate_key(g) for g in reviewed.gates}
 
 
-# ---------------------------------------------------------------- 0.5.15 -> 0.5.16
+# ------------------------------------------------- 0.5.15 -> 0.5.16 and 0.5.16 -> 0.5.17
 
-PORTED_0516 = "0.5.16"
-# The patches of the 0.5.15 set the 0.5.16 set rewrote (each then taken whole from the 0.5.16 set).
-REWRITTEN_0516 = (
-    "0001-spec-info-ddtree-enum.patch",
-    "0002-server-args-ddtree.patch",
-    WORKER,
-    "0007-hybrid-linear-attn-ddtree-tree.patch",
-)
 _MIXIN = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py"
-# The 0.5.15 hunks 0.5.16's code no longer fits, each with the port's reason: the enum, the
-# hidden-state relay and the algorithm help gained DSPARK, whose fields now follow the DFLASH block
-# size; the worker builds its draft runner through build_draft_tp_worker, no longer refuses TP > 1
-# for its draft sampler, and keeps the Mamba commit in a flag set at init; SpecInput's token
-# scaling became a function; the Mamba pools moved to mem_cache/kv_cache_configurator.py.
-FAILED_0516 = {
-    (REWRITTEN_0516[0], "spec_info.py", 1): "context line 'EAGLE = auto()' does not match line 38 "
-    "('DSPARK = auto()') at the closest match (3 of 6 lines)",
-    (REWRITTEN_0516[0], "spec_utils.py", 1): "context line \"# multi_layer_eagle and DFLASH don't "
-    'relay hidden_states through FutureMap." is not in the file',
-    (REWRITTEN_0516[1], "server_args.py", 1): "removed line '\"Speculative algorithm. Builtins: "
-    "EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DF...' is not in the file",
-    (REWRITTEN_0516[1], "server_args.py", 2): "context line 'speculative_accept_threshold_single: "
-    "A[' does not match line 1753 ('speculative_dspark_block_size: A[') at the closest match (3 "
-    "of 6 lines)",
-    (WORKER, "dflash_worker_v2.py", 2): "removed line '# Draft runner (separate KV cache + "
-    "attention backend).' is not in the file",
-    (WORKER, "dflash_worker_v2.py", 6): "context line 'if get_tp_group().world_size != 1:' is not "
-    "in the file",
-    (WORKER, "dflash_worker_v2.py", 13): "context line 'if need_mamba_verify_commit:' is not in "
-    "the file",
-    (REWRITTEN_0516[3], "spec_info.py", 1): "context line 'x * c2 for x in "
-    "batch.global_num_tokens_for_logprob' is not in the file",
-    **{
-        (REWRITTEN_0516[3], "model_runner_kv_cache_mixin.py", i): f"{_MIXIN} is not in "
-        "sglang==0.5.16"
-        for i in (1, 2, 3)
-    },
+_SERVER_ARGS, _POOLS = "0002-server-args-ddtree.patch", "0007-hybrid-linear-attn-ddtree-tree.patch"
+
+
+@dataclass(frozen=True)
+class PortCase:
+    """One release's reviewed set held to a port of the set before it."""
+
+    source: str  # the shipped set ported from
+    rewritten: tuple[str, ...]  # its patches the reviewed set rewrote (taken whole from it)
+    failed: dict[tuple[str, str, int], str]  # (patch, file, hunk) -> the port's reason
+    unreviewed: int  # the pristine gate sites no review of the source set matches
+    widened: int  # how many of those the reviewed set reviews `widened`
+    dispositions: tuple[str, ...]  # every disposition among them
+
+
+PORT_CASES = {
+    # The enum, the hidden-state relay and the algorithm help gained DSPARK, whose fields now
+    # follow the DFLASH block size; the worker builds its draft runner through
+    # build_draft_tp_worker, no longer refuses TP > 1 for its draft sampler, and keeps the Mamba
+    # commit in a flag set at init; SpecInput's token scaling became a function; the Mamba pools
+    # moved to mem_cache/kv_cache_configurator.py.
+    "0.5.16": PortCase(
+        source="0.5.15",
+        rewritten=("0001-spec-info-ddtree-enum.patch", _SERVER_ARGS, WORKER, _POOLS),
+        failed={
+            ("0001-spec-info-ddtree-enum.patch", "spec_info.py", 1): "context line 'EAGLE = "
+            "auto()' does not match line 38 ('DSPARK = auto()') at the closest match (3 of 6 "
+            "lines)",
+            ("0001-spec-info-ddtree-enum.patch", "spec_utils.py", 1): 'context line "# '
+            "multi_layer_eagle and DFLASH don't relay hidden_states through FutureMap.\" is not "
+            "in the file",
+            (_SERVER_ARGS, "server_args.py", 1): "removed line '\"Speculative algorithm. "
+            "Builtins: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DF...' is not in the file",
+            (_SERVER_ARGS, "server_args.py", 2): "context line 'speculative_accept_threshold_"
+            "single: A[' does not match line 1753 ('speculative_dspark_block_size: A[') at the "
+            "closest match (3 of 6 lines)",
+            (WORKER, "dflash_worker_v2.py", 2): "removed line '# Draft runner (separate KV "
+            "cache + attention backend).' is not in the file",
+            (WORKER, "dflash_worker_v2.py", 6): "context line 'if get_tp_group().world_size != "
+            "1:' is not in the file",
+            (WORKER, "dflash_worker_v2.py", 13): "context line 'if need_mamba_verify_commit:' is "
+            "not in the file",
+            (_POOLS, "spec_info.py", 1): "context line 'x * c2 for x in "
+            "batch.global_num_tokens_for_logprob' is not in the file",
+            **{
+                (_POOLS, "model_runner_kv_cache_mixin.py", i): f"{_MIXIN} is not in sglang==0.5.16"
+                for i in (1, 2, 3)
+            },
+        },
+        unreviewed=17,
+        widened=14,
+        dispositions=("covered", "dflash-only", "widened"),
+    ),
+    # The fields gained NS("spec") (0.5.17 publishes them into config bags); the worker imports
+    # the exec bag, grammar and simulated-acceptance helpers, masks a grammar over its chain
+    # before accept; the pools read the top-k from the spec bag. The 0004 helpers fit but are
+    # rewritten too (read-only server args, the draft runner's spec-bag scope, the grammar
+    # refusal), as are 0002's and 0007's new gate hunks.
+    "0.5.17": PortCase(
+        source="0.5.16",
+        rewritten=(_SERVER_ARGS, WORKER, HELPERS, _POOLS),
+        failed={
+            (_SERVER_ARGS, "server_args.py", 1): "context line '] = None' does not match line "
+            "2027 ('NS(\"spec\"),') at the closest match (4 of 7 lines)",
+            (WORKER, "dflash_worker_v2.py", 1): "context line ')' does not match line 31 ('from "
+            "sglang.srt.server_args import ServerArgs') at the closest match (8 of 14 lines)",
+            (WORKER, "dflash_worker_v2.py", 11): "context line 'lm_head=lm_head,' does not match "
+            "line 1649 ('draft_tokens[:, 1:].copy_(draft_next)') at the closest match (18 of 24 "
+            "lines)",
+            (WORKER, "dflash_worker_v2.py", 12): "context line 'candidates = draft_tokens' does "
+            "not match line 1718 ('# Constrain every chain position before accept picks from "
+            "it.') at the closest match (6 of 12 lines)",
+            **{
+                (_POOLS, "kv_cache_configurator.py", i): "removed line 'speculative_eagle_topk="
+                "self.server_args.speculative_eagle_topk,' is not in the file"
+                for i in (2, 3)
+            },
+        },
+        unreviewed=7,
+        widened=4,
+        dispositions=("covered", "widened"),
+    ),
 }
 
 
-@pytest.fixture(scope="module")
-def port_0515(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
-    root = _shipped_root(tmp_path_factory.mktemp("p0515"), "0.5.15")
-    return port_patch_set(PORTED_0516, root=root, wheel=wheel_path(PORTED_0516))
+@pytest.fixture(scope="module", params=sorted(PORT_CASES))
+def ported_release(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def port_0515_with_0516_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
-    """The shipped 0.5.15 set with the reviewed 0.5.16 set's rewritten patches, and its manifest
-    naming the 0.5.16 files and hashes (the rewritten patches start from 0.5.16's bytes, so the
-    hash chain of every target runs through 0.5.16's; the port reads no hash)."""
-    root = _shipped_root(tmp_path_factory.mktemp("p0515w"), "0.5.15")
-    source = root / "0.5.15"
-    for name in REWRITTEN_0516:
-        shutil.copy(patch_sets_root() / PORTED_0516 / name, source / name)
+def port_source(ported_release: str, tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The port of the shipped source set alone."""
+    source = PORT_CASES[ported_release].source
+    root = _shipped_root(tmp_path_factory.mktemp(f"p{source}"), source)
+    return port_patch_set(ported_release, root=root, wheel=wheel_path(ported_release))
+
+
+@pytest.fixture(scope="module")
+def port_source_with_rewrites(
+    ported_release: str, tmp_path_factory: pytest.TempPathFactory
+) -> PortReport:
+    """The shipped source set with the reviewed set's rewritten patches, and its manifest naming
+    the reviewed set's files and hashes (the rewritten patches start from the new release's
+    bytes, so the hash chain of every target runs through them; the port reads no hash)."""
+    case = PORT_CASES[ported_release]
+    root = _shipped_root(tmp_path_factory.mktemp(f"p{case.source}w"), case.source)
+    source = root / case.source
+    for name in case.rewritten:
+        shutil.copy(patch_sets_root() / ported_release / name, source / name)
     raw: dict[str, Any] = yaml.safe_load((source / "series.yaml").read_text())
-    ported = yaml.safe_load((patch_sets_root() / PORTED_0516 / "series.yaml").read_text())
+    ported = yaml.safe_load((patch_sets_root() / ported_release / "series.yaml").read_text())
     files = {p["name"]: p["files"] for p in ported["patches"]}
     for entry in raw["patches"]:
         entry["files"] = files[entry["name"]]
     (source / "series.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return port_patch_set(PORTED_0516, root=root, wheel=wheel_path(PORTED_0516))
+    return port_patch_set(ported_release, root=root, wheel=wheel_path(ported_release))
 
 
-def test_port_0515_to_0516_fails_only_at_the_rewritten_hunks(port_0515: PortReport) -> None:
-    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0515.failed}
-    assert failed == FAILED_0516
-    assert len(port_0515.hunks) == 40
-    assert port_0515.candidate is None and port_0515.exit_code == 5
+def test_port_fails_only_at_the_rewritten_hunks(
+    ported_release: str, port_source: PortReport
+) -> None:
+    case = PORT_CASES[ported_release]
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_source.failed}
+    assert failed == case.failed
+    assert {patch for patch, _, _ in failed} <= set(case.rewritten)
+    assert len(port_source.hunks) == 40
+    assert port_source.candidate is None and port_source.exit_code == 5
 
 
-def test_port_0515_to_0516_gates_are_the_reviewed_sets(port_0515: PortReport) -> None:
-    """The sites the port left unreviewed are the ones the 0.5.16 set reviews new (0.5.16 asks
-    is_dflash_family() at most runtime gates; the one new review the port cannot see is the line
-    0001 writes, as hunks failed and the port scanned no patched text), and none stays unreviewed
-    there; every review carried over keeps its disposition; the reviews left behind are the sites
-    0.5.16 no longer has, plus those of the lines the 0.5.15 patches write."""
-    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / PORTED_0516).gates}
-    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.15").gates}
-    unreviewed = {_gate_key(g.site) for g in port_0515.unreviewed}
+def test_port_gates_are_the_reviewed_sets(ported_release: str, port_source: PortReport) -> None:
+    """The sites the port left unreviewed are the ones the reviewed set reviews new (0.5.16 asks
+    is_dflash_family() at most runtime gates; 0.5.17 adds string gates around ReplaySSM and lazy
+    Mamba caching, grammar overlap and an NPU verify layout); the new reviews the port cannot see
+    are of lines the patches write (hunks failed, so the port scanned no patched text), all
+    covered; none stays unreviewed; every review carried over keeps its disposition; the reviews
+    left behind are the sites the release no longer has, plus those of the lines the source
+    set's patches write."""
+    case = PORT_CASES[ported_release]
+    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / ported_release).gates}
+    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / case.source).gates}
+    unreviewed = {_gate_key(g.site) for g in port_source.unreviewed}
     new = {k for k in reviewed if k not in shipped}
-    assert len(unreviewed) == 17
+    assert len(unreviewed) == case.unreviewed
     assert unreviewed == {k for k in new if "DDTREE" not in k[2]}
-    assert [reviewed[k].disposition.value for k in new - unreviewed] == ["covered"]
+    assert {reviewed[k].disposition.value for k in new - unreviewed} == {"covered"}
     dispositions = [reviewed[k].disposition.value for k in unreviewed]
-    assert sorted(set(dispositions)) == ["covered", "dflash-only", "widened"]
-    assert dispositions.count("widened") == 14
-    for gate in port_0515.gates:
+    assert tuple(sorted(set(dispositions))) == case.dispositions
+    assert dispositions.count("widened") == case.widened
+    for gate in port_source.gates:
         if gate.review is not None:
             assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
-    dropped = {_gate_key(r) for r in port_0515.dropped_reviews}
+    dropped = {_gate_key(r) for r in port_source.dropped_reviews}
     gone = shipped - set(reviewed)
     assert gone and gone <= dropped
     assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
 
 
-def test_port_0515_with_0516_rewrites_regenerates_the_reviewed_set(
-    port_0515_with_0516_rewrites: PortReport,
+def test_port_with_rewrites_regenerates_the_reviewed_set(
+    ported_release: str, port_source_with_rewrites: PortReport
 ) -> None:
-    """Every other 0.5.15 patch ports to exactly the reviewed 0.5.16 diff (so a change to the
-    0.5.15 set that 0.5.16's code shares shows up here until 0.5.16 carries it), and the port
-    meets exactly the reviewed gate sites."""
-    candidate = port_0515_with_0516_rewrites.candidate
+    """Every other patch of the source set ports to exactly the reviewed diff (so a change to the
+    source set that the new release's code shares shows up here until its set carries it), and
+    the port meets exactly the reviewed gate sites."""
+    candidate = port_source_with_rewrites.candidate
     assert candidate is not None
-    reviewed = load_patch_set(patch_sets_root() / PORTED_0516)
+    reviewed = load_patch_set(patch_sets_root() / ported_release)
     assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
     for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
         assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
