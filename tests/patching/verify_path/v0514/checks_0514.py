@@ -622,8 +622,10 @@ def draft_runner_set_up_at_the_block():
     def widths(algorithm, width, mode="tree"):
         spec = _ConfigBag("spec")
         for name, value in (
-            ("speculative_algorithm", algorithm.name), ("speculative_num_draft_tokens", width),
-            ("speculative_dflash_block_size", BLOCK), ("speculative_ddtree_mode", mode),
+            ("speculative_algorithm", algorithm.name),
+            ("speculative_num_draft_tokens", width),
+            ("speculative_dflash_block_size", BLOCK),
+            ("speculative_ddtree_mode", mode),
         ):
             spec._set(name, value)
         seen = []
@@ -653,9 +655,11 @@ def draft_runner_set_up_at_the_block():
 def requests_refused_for_ddtree():
     """0.5.17 serves grammar-constrained requests with DFLASH (it masks and advances the grammar
     over its verify chain); DDTREE's scheduler validation (`validate_dflash_request`, real)
-    refuses them, as every DFlash request was refused up to 0.5.16. And the DDTree worker refuses
-    at start 0.5.17's SGLANG_SIMULATE_ACC_LEN, which forces DFLASH's chain acceptance. TEST
-    DOUBLES: the request (the fields the validation reads), the spec bag and the worker."""
+    refuses them, as every DFlash request was refused up to 0.5.16. The DDTree worker refuses
+    at start 0.5.17's SGLANG_SIMULATE_ACC_LEN, which forces DFLASH's chain acceptance, and
+    `_handle_ddtree_args` an NPU device, where 0.5.17's DFLASH runs and the DDTree kernels do not.
+    TEST DOUBLES: the request (the fields the validation reads), the spec bag, the worker and the
+    server args."""
     import sglang.srt.runtime_context as ctx
 
     def refusal(algorithm, grammar):
@@ -663,14 +667,31 @@ def requests_refused_for_ddtree():
             json_schema='{"type": "object"}' if grammar else None, regex=None, ebnf=None,
             structural_tag=None,
         )  # fmt: skip
-        req = SimpleNamespace(return_logprob=False, return_hidden_states=False, sampling_params=params)
+        req = SimpleNamespace(
+            return_logprob=False, return_hidden_states=False, sampling_params=params
+        )
         spec = SimpleNamespace(speculative_algorithm=algorithm)
         with patched(ctx, get_spec=lambda: spec):
             return U.validate_dflash_request(req, False)
 
+    from sglang.srt.server_args import ServerArgs
+
+    # The NPU refusal of `_handle_ddtree_args` (real), on an unresolved ServerArgs double.
+    npu_args = ServerArgs.__new__(ServerArgs)
+    npu_args.__dict__.update(
+        device="npu", speculative_num_draft_tokens=BLOCK, speculative_ddtree_mode="tree",
+        speculative_ddtree_budget=None, speculative_ddtree_topk=None,
+        enable_linear_replayssm_spec=False,
+    )  # fmt: skip
+    try:
+        ServerArgs._handle_ddtree_args(npu_args)
+        npu = "accepted"
+    except ValueError as e:
+        npu = str(e)
     with patched(W, SIMULATE_ACC_LEN=2.0):
         simulated = _init(ddtree_spec())
     return {
+        "npu": npu,
         "ddtree_grammar": refusal("DDTREE", True),
         "ddtree_plain": refusal("DDTREE", False),
         "dflash_grammar": refusal("DFLASH", True),

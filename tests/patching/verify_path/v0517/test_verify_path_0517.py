@@ -35,11 +35,12 @@ def test_draft_runner_sets_up_its_backend_and_graphs_at_the_block(
         assert got[name] == {"draft": [16, 16], "target_after": 16}, name
 
 
-def test_ddtree_refuses_grammar_requests_and_simulated_acceptance(
+def test_ddtree_refuses_grammar_requests_simulated_acceptance_and_npu(
     check: Callable[[str], dict],
 ) -> None:
     """A grammar-constrained DDTREE request is refused with a sentence; a plain one and 0.5.17's
-    DFLASH grammar request pass; SGLANG_SIMULATE_ACC_LEN stops the DDTree worker at start."""
+    DFLASH grammar request pass; SGLANG_SIMULATE_ACC_LEN stops the DDTree worker at start, and an
+    NPU device the server-args handler."""
     got = check("requests_refused_for_ddtree")
     assert got["ddtree_grammar"] == (
         "DDTREE speculative decoding does not support grammar-constrained decoding yet."
@@ -49,3 +50,4 @@ def test_ddtree_refuses_grammar_requests_and_simulated_acceptance(
         "ValueError: DDTREE does not support SGLANG_SIMULATE_ACC_LEN"
     )
     assert got["plain_init"]["mode"] == "tree"
+    assert got["npu"].startswith("DDTREE needs a CUDA device")
