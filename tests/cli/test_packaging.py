@@ -126,6 +126,7 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
         "0.5.13",
         "0.5.14",
         "0.5.15",
+        "0.5.15.post1",
         "0.5.16",
         "0.5.17",
         "0.5.23",
