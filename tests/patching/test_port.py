@@ -314,7 +314,7 @@ def test_patch_without_set_points_to_port(
     ("release", "chosen", "phrase"),
     [
         ("0.5.15.post1", "0.5.15", "newest reviewed set"),
-        ("0.5.22", "0.5.15", "newest reviewed set"),  # by the rule: 0.5.23 is above it
+        ("0.5.22", "0.5.16", "newest reviewed set"),  # by the rule: 0.5.23 is above it
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
     ],
