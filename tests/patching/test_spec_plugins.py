@@ -32,7 +32,7 @@ from patching.sglang_args_probe import base_argv, resolve_server_args, write_tin
 from patching.trees import real_patch_set
 
 # The releases with the plugin registry whose server arguments live in server_args.py.
-REGISTRY_RELEASES = ("0.5.12", "0.5.13", "0.5.14", "0.5.15")
+REGISTRY_RELEASES = ("0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.22")
 
 _REGISTER = r"""
 import json
