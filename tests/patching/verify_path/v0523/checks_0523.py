@@ -9,10 +9,11 @@ draft placement attribute, where DFlash's greedy accept rule lives) follow `RELE
 The checks every worker-v2 release shares come from `worker_v2_checks.py` (this file's parent
 folder, on PYTHONPATH). Real here: the DFlashWorkerV2 methods the 0.5.22 and 0.5.23 patches
 add, called unbound, DFlash's own greedy head, accept rule
-(`compute_dflash_correct_drafts_and_bonus`, the torch version) and `_commit_accept`. TEST DOUBLES, because the real objects need a GPU, a
-scheduler or an initialised runtime context: `Worker` (a namespace standing in for a
-DFlashWorkerV2 instance), `Group` (TP ranks as threads), the runtime context getters
-(`get_spec`, `get_parallel`) and a recording attention backend.
+(`compute_dflash_correct_drafts_and_bonus`, the torch version) and `_commit_accept`. TEST
+DOUBLES, because the real objects need a GPU, a scheduler or an initialised runtime context:
+`Worker` (a namespace standing in for a DFlashWorkerV2 instance), `Group` (TP ranks as
+threads), the runtime context getters (`get_spec`, `get_parallel`) and a recording attention
+backend.
 """
 
 from __future__ import annotations
