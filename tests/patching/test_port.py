@@ -482,8 +482,9 @@ BACKPORTED = "0.5.22"
 # worker keeps the draft placement in `draft_owns_attention` (0.5.23: `draft_parallel_layout`),
 # has no deferred target-verify gather (so no `target_predict` to pass on) and no
 # `target_dp_enabled`; its dflash_utils ends past the line 0.5.23's helpers are appended after.
-# The worker patch also rewrote hunk 14, which applies but names 0.5.23's draft_parallel_layout
-# (test_verify_path_worker_v2's name check holds that).
+# The worker patch also rewrote two hunks that apply: 14 named 0.5.23's draft_parallel_layout
+# (test_verify_path_worker_v2's name check holds that), and 12's tree accept took 0.5.23's
+# `target_predict`, an argmax 0.5.22 never has (its verify logits are always gathered).
 BACKPORT_FAILED = {
     ("0001-spec-info-ddtree-enum.patch", "metrics_reporter.py", 1): "context line "
     "'SpeculativeAlgorithm.EAGLE,' is not in the file",

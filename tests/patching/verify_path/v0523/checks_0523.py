@@ -33,6 +33,7 @@ from worker_v2_checks import (
     BLOCK,
     BUDGET,
     WIDTH,
+    argmax_logits,
     branching_case,
     ddtree_spec,
     init_results,
@@ -55,6 +56,16 @@ else:
 PLACEMENT = (
     {"draft_owns_attention": False} if RELEASE == "0.5.22" else {"draft_parallel_layout": None}
 )
+
+
+def _greedy_verify(target, vocab) -> dict:
+    """How the verify's greedy choice reaches `_ddtree_accept_block`: 0.5.23 may hand over the
+    argmax its deferred logits gather took (`target_predict`); 0.5.22 has no deferred gather and
+    always passes the verify logits, so its accept takes no `target_predict`."""
+    if RELEASE == "0.5.22":
+        return {"next_token_logits": argmax_logits(target, vocab)}
+    return {"next_token_logits": None, "target_predict": target.reshape(-1)}
+
 
 # ------------------------------------------------------------------ shadow_linear vs DFlash
 
@@ -84,9 +95,8 @@ def shadow_linear_equals_dflash():
 
     def tree_accept(worker, tree, candidates, target, prefix, vocab):
         return W.DFlashWorkerV2._ddtree_accept_block(
-            worker, tree=tree, candidates=candidates, next_token_logits=None,
-            sampling_info=None, draft_input=None, prefix_lens=prefix, bs=len(prefix),
-            target_predict=target.reshape(-1),
+            worker, tree=tree, candidates=candidates, sampling_info=None, draft_input=None,
+            prefix_lens=prefix, bs=len(prefix), **_greedy_verify(target, vocab),
         )  # fmt: skip
 
     return shadow_linear_results(
@@ -220,7 +230,7 @@ def worker_accept_tree_greedy():
     logits[torch.arange(width), target[0]] = 5.0
     out = W.DFlashWorkerV2._ddtree_accept_block(
         worker, tree=tree, candidates=tokens, next_token_logits=logits, sampling_info=None,
-        draft_input=None, prefix_lens=torch.tensor([40]), bs=1, target_predict=None,
+        draft_input=None, prefix_lens=torch.tensor([40]), bs=1,
     )  # fmt: skip
     drafts, commit, bonus, out_tokens, seq, accept_index = out
     return {
