@@ -31,7 +31,7 @@ from ddtree_deploy.patching.engine import apply_patch_set
 from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
 from patching.trees import real_patch_set
 
-# The releases with the plugin registry whose server arguments live in server_args.py.
+# Every release with the plugin registry (0.5.12 on), .post releases on their own wheels.
 REGISTRY_RELEASES = (
     "0.5.12",
     "0.5.12.post1",
@@ -40,6 +40,8 @@ REGISTRY_RELEASES = (
     "0.5.14",
     "0.5.15",
     "0.5.15.post1",
+    "0.5.22",
+    "0.5.23",
 )
 
 _REGISTER = r"""
