@@ -17,14 +17,21 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from ddtree_deploy.config import compose_config
 
 
+def staging_overrides(release: str) -> list[str]:
+    """The `host=local` overrides that stage SGLang `release`: its base release's `sglang=`
+    option ("0.5.15.post1" -> v0_5_15), and `sglang.version=` for a .post release."""
+    option = "v" + Version(release).base_version.replace(".", "_")
+    return [f"sglang={option}", f"sglang.version={release}"]
+
+
 def staging_venv(release: str) -> Path:
     """The staging venv of SGLang `release` ("0.5.11"), as `host=local` configures it."""
-    option = "v" + release.replace(".", "_")
-    return Path(compose_config([f"sglang={option}"]).host.sglang_venv)
+    return Path(compose_config(staging_overrides(release)).host.sglang_venv)
 
 
 def require_staging_venv(release: str) -> Path:
@@ -33,7 +40,7 @@ def require_staging_venv(release: str) -> Path:
     if not (venv / "bin" / "python").exists():
         reason = (
             f"no staging venv for SGLang {release} at {venv}; run "
-            f"`ddtree-deploy action=prepare sglang=v{release.replace('.', '_')}`"
+            f"`ddtree-deploy action=prepare {' '.join(staging_overrides(release))}`"
         )
         if os.environ.get("DDTREE_REQUIRE_STAGING") == "1":
             pytest.fail(f"DDTREE_REQUIRE_STAGING=1 but {reason}", pytrace=False)

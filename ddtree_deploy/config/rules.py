@@ -141,9 +141,9 @@ def _algo_problems(cfg: DeployConfig) -> list[str]:
         return [
             f"algo.mode=tree on the hybrid target {model.name} needs "
             f"algo.allow_hybrid_unsafe=true on SGLang {cfg.sglang.version}: the GPU lab has not "
-            "proven this release's tree path through recurrent layers (it has for 0.5.11: "
-            "DFLASH's tokens exactly, with sibling branches accepted); use algo=ddtree_shadow "
-            "for the safe chain mode."
+            "proven this release's tree path through recurrent layers (it has for 0.5.11 and "
+            "0.5.14: DFLASH's tokens exactly, with sibling branches accepted); use "
+            "algo=ddtree_shadow for the safe chain mode."
         ]
     return []
 

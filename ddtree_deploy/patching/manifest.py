@@ -3,12 +3,18 @@
 A manifest names the releases it serves (a PEP 440 specifier), its patches in order with the
 sha256 of every target file before and after, and every DFLASH gate site of the release with
 its disposition. This module only reads and checks manifests; it never touches a host.
+
+A release whose target files differ from a reviewed release's only where no hunk looks (a .post
+release, say) gets a derived set: its `series.yaml` names `base: <folder>` and holds only what
+differs, the hashes of its own files and reviews of gate sites the base does not have. The diffs
+are the base's (applied with offsets, never fuzz) unless the folder holds a diff of the same name,
+and the purposes and gate reviews are the base's, so a reviewer reads each change once.
 """
 
 from __future__ import annotations
 
 import importlib.resources
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -79,6 +85,7 @@ class PatchSet:
     patches: tuple[Patch, ...]
     gates: tuple[GateReview, ...]
     directory: Path
+    base: str | None = None  # the set whose diffs and reviews a derived set takes
 
     def serves(self, version: str) -> bool:
         return Version(version) in self.release
@@ -122,9 +129,54 @@ def load_patch_set(directory: Path) -> PatchSet:
     series = directory / "series.yaml"
     try:
         raw = yaml.safe_load(series.read_text())
-        return _build(directory, raw)
+        if "base" not in raw:
+            return _build(directory, raw)
+        base = _read_base(directory, str(raw["base"]))
+        return _derive(directory, raw, base)
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, InvalidSpecifier) as err:
         raise PatchSetError(f"{series} is not a valid patch-set manifest: {err}.") from err
+
+
+def _read_base(directory: Path, name: str) -> PatchSet:
+    """The sibling set a derived set names; one level only, so a chain of bases cannot form."""
+    folder = directory.parent / name
+    if PurePosixPath(name).name != name or folder == directory:
+        raise ValueError(f"base {name!r} must name another set's folder beside this one")
+    if not (folder / "series.yaml").is_file():
+        raise ValueError(f"base {name!r} has no series.yaml beside this set")
+    base = load_patch_set(folder)
+    if base.base is not None:
+        raise ValueError(f"base {name!r} is itself derived from {base.base!r}; name that set")
+    return base
+
+
+def _derive(directory: Path, raw: dict[str, Any], base: PatchSet) -> PatchSet:
+    """`base`'s patches with this release's hashes (same patches, same files, same order), its
+    own diff where the folder has one, and the base's gate reviews followed by its own (a
+    review of the same site replaces the base's)."""
+    package = str(raw.get("package", base.package))
+    if package != base.package:
+        raise ValueError(f"package {package!r} differs from base {base.name!r}'s {base.package!r}")
+    entries = list(raw["patches"])
+    if [str(e["name"]) for e in entries] != [p.name for p in base.patches]:
+        raise ValueError(f"patches must name base {base.name!r}'s patches in its order")
+    patches = []
+    for entry, inherited in zip(entries, base.patches, strict=True):
+        own = _build_patch(directory, package, {"purpose": inherited.purpose, **entry})
+        if [f.path for f in own.files] != [f.path for f in inherited.files]:
+            raise ValueError(f"{own.name} must list base {base.name!r}'s target files in order")
+        diff_path = own.diff_path if own.diff_path.is_file() else inherited.diff_path
+        patches.append(replace(own, diff_path=diff_path))
+    own_gates = tuple(_build_gate(entry) for entry in raw.get("gates") or [])
+    return PatchSet(
+        name=directory.name,
+        release=SpecifierSet(str(raw["release"])),
+        package=package,
+        patches=tuple(patches),
+        gates=base.gates + own_gates,
+        directory=directory,
+        base=base.name,
+    )
 
 
 def _build(directory: Path, raw: dict[str, Any]) -> PatchSet:

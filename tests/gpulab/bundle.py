@@ -49,7 +49,7 @@ MAX_GLIBC = (2, 34)
 SDIST_ALLOWED = {"antlr4-python3-runtime"}
 
 # Which sglang-kernel each release pins (its METADATA: Requires-Dist: sglang-kernel==...).
-KERNEL_FOR_RELEASE = {"0.5.11": "0.4.2", "0.5.14": "0.4.4", "0.5.16": "0.4.5"}
+KERNEL_FOR_RELEASE = {"0.5.11": "0.4.2", "0.5.14": "0.4.4", "0.5.15": "0.4.4", "0.5.16": "0.4.5"}
 
 # Inside sgl_kernel/, what the lab never loads: FlashAttention 3 (1.07 GB, only for
 # --attention-backend fa3), FlashMLA, the sm100 build and (0.4.5) the InfLLM-V2 attention ops,

@@ -3,7 +3,8 @@ release's real parser: the v1 (DFlashWorker) releases, 0.5.14, the first DFlashW
 (its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
 dataclass fields, the resolution is the same), 0.5.15 (the same layout) and 0.5.16 (the same
 layout; its `_handle_dflash` refuses any device but CUDA, as 0.5.23's does, so its arguments are
-resolved for CUDA with flashinfer, the backend a tree needs, as 0.5.23's are).
+resolved for CUDA with flashinfer, the backend a tree needs, as 0.5.23's are), each .post release
+on its own wheel.
 
 For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
 `sglang_args_probe.compare` resolves arguments with that release's own `prepare_server_args` in
@@ -12,8 +13,9 @@ its staging venv (CPU): the patched modules import, DDTREE gets every setting DF
 DFLASH resolves exactly as it does on the pristine files. Without the staging venv the test
 skips (fails under DDTREE_REQUIRE_STAGING=1).
 
-0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/: the same
-`compare`, on CUDA with flashinfer, as 0.5.23 serves DDTREE on CUDA only), so it is not listed here.
+0.5.22's and 0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/:
+the same `compare`, on CUDA with flashinfer, as both serve DDTREE on CUDA only), so they are not
+listed here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
-from staging import require_staging_venv
+from staging import require_staging_venv, staging_overrides
 
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.config.rules import max_tree_budget
@@ -38,7 +40,19 @@ from patching.sglang_args_probe import (
 )
 from patching.trees import real_patch_set
 
-RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16")
+# The .post releases run on their own wheels too: 0.5.12.post1's and 0.5.13.post1's targets are
+# their base's bytes, 0.5.15.post1's server_args.py is not (its derived set).
+RELEASES = (
+    "0.5.11",
+    "0.5.12",
+    "0.5.12.post1",
+    "0.5.13",
+    "0.5.13.post1",
+    "0.5.14",
+    "0.5.15",
+    "0.5.15.post1",
+    "0.5.16",
+)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -57,7 +71,7 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     assert plan_patch(host, PurePosixPath(site), patch_set).state is SetState.applied
     model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
     # The limit compose time enforces for this release is the one its set must resolve.
-    limit = max_tree_budget(compose_config([f"sglang=v{release.replace('.', '_')}"]))
+    limit = max_tree_budget(compose_config(staging_overrides(release)))
     device, extra_argv = release_device(release)
     rows = compare(
         str(python), model_dir, draft_dir, str(site), str(pristine_root(release)),

@@ -21,8 +21,8 @@ from ddtree_deploy.patching.wheels import WHEEL_CACHE, fetch_wheel
 
 CASES_DIR = Path(__file__).parent / "cases"
 # 0.5.12.post1 and 0.5.13.post1 have no folder of their own: the 0.5.12 and 0.5.13 sets serve
-# them (their targets are byte-identical). 0.5.15.post1 is served by no set: it changes two of
-# the 0.5.15 set's targets (server_args.py, spec_info.py).
+# them (their targets are byte-identical). 0.5.15.post1 changes two of the 0.5.15 set's targets
+# (server_args.py, spec_info.py), so its set is derived from 0.5.15's (its own hashes only).
 REAL_RELEASES = (
     "0.5.11",
     "0.5.12",
@@ -31,7 +31,9 @@ REAL_RELEASES = (
     "0.5.13.post1",
     "0.5.14",
     "0.5.15",
+    "0.5.15.post1",
     "0.5.16",
+    "0.5.22",
     "0.5.23",
 )
 
