@@ -261,6 +261,18 @@ def resolve_server_args(
     return resolver.ask(argv, timeout)
 
 
+# Releases whose `_handle_dflash` refuses every device but CUDA (0.5.16; 0.5.23 has its own
+# checks): their arguments resolve for CUDA, with flashinfer, the attention backend a tree needs.
+CUDA_ONLY_RELEASES = frozenset({"0.5.16"})
+
+
+def release_device(release: str) -> tuple[str, tuple[str, ...]]:
+    """The device and extra argv `release`'s arguments resolve with (see CUDA_ONLY_RELEASES)."""
+    if release in CUDA_ONLY_RELEASES:
+        return "cuda", ("--attention-backend", "flashinfer")
+    return "cpu", ()
+
+
 def base_argv(model_dir: Path, draft_dir: Path, device: str = "cpu") -> list[str]:
     return [
         "--model-path",

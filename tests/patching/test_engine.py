@@ -232,7 +232,7 @@ def test_0513_set_serves_0513_and_its_post1_only() -> None:
     assert select_patch_set("0.5.13").name == "0.5.13"
     assert select_patch_set("0.5.13.post1").name == "0.5.13"
     assert select_patch_set("0.5.14").name == "0.5.14"
-    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.16"):
+    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.17"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -254,14 +254,24 @@ def test_0515_sets_serve_0515_and_its_post1_each() -> None:
     assert select_patch_set("0.5.15").name == "0.5.15"
     derived = select_patch_set("0.5.15.post1")
     assert (derived.name, derived.base) == ("0.5.15.post1", "0.5.15")
-    for other in ("0.5.15.post2", "0.5.15rc1", "0.5.16"):
+    assert select_patch_set("0.5.16").name == "0.5.16"  # its own set, not 0.5.15's
+    for other in ("0.5.15.post2", "0.5.15rc1"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)
+
+
+def test_0516_set_serves_0516_only() -> None:
+    # 0.5.16 has no post release; a later one, a release candidate or 0.5.17 (which adds DFLASH
+    # gates of its own) must not be served by a pin nobody checked it against.
+    assert select_patch_set("0.5.16").name == "0.5.16"
+    for other in ("0.5.16.post1", "0.5.16rc1", "0.5.17"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
 
 def test_0522_set_serves_0522_only() -> None:
     # 0.5.22's set is 0.5.23's ported back; neither pin stretches to the other release, a post
-    # release or the releases between 0.5.15 and 0.5.22 (0.5.16 to 0.5.21 have no set yet).
+    # release or the releases between 0.5.16 and 0.5.22 (0.5.17 to 0.5.21 have no set yet).
     assert select_patch_set("0.5.22").name == "0.5.22"
     assert select_patch_set("0.5.23").name == "0.5.23"
     for other in ("0.5.22.post1", "0.5.22rc1", "0.5.21"):

@@ -1,11 +1,11 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
-the 0.5.14 set to 0.5.15, and the 0.5.23 set back to 0.5.22.
+the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, and the 0.5.23 set back to 0.5.22.
 
-This is how the reviewed 0.5.12, 0.5.15 and 0.5.22 sets (patches/sglang/0.5.12/, 0.5.15/,
-0.5.22/) began; since they shipped, these tests port from a sets root holding the shipped source
-set alone, so they keep exercising a real port. The 0.5.15 and 0.5.22 ones hold the reviewed set
-to that port: it fails exactly at the hunks the reviewed set rewrote, and with those patches
-taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
+This is how the reviewed 0.5.12, 0.5.15, 0.5.16 and 0.5.22 sets (patches/sglang/0.5.12/, 0.5.15/,
+0.5.16/, 0.5.22/) began; since they shipped, these tests port from a sets root holding the shipped
+source set alone, so they keep exercising a real port. The 0.5.15, 0.5.16 and 0.5.22 ones hold the
+reviewed set to that port: it fails exactly at the hunks the reviewed set rewrote, and with those
+patches taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
 
 The whole 0.5.11 set does not port to 0.5.12: 0.5.12 dropped the server-args `choices=[...]`
 list and the `speculative_dflash_draft_window_size` field, and rewrote the DFlash acceptance in
@@ -297,7 +297,7 @@ def test_patch_without_set_points_to_port(
     code = main(
         [
             "action=patch",
-            "sglang.version=0.5.15.post1",
+            "sglang.version=0.5.17",
             f"host.sglang_venv={tmp_path / 'venv'}",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
@@ -305,15 +305,15 @@ def test_patch_without_set_points_to_port(
     )
     err = capsys.readouterr().err
     assert code == 5
-    assert "run `ddtree-deploy action=port sglang.version=0.5.15.post1`" in err
+    assert "run `ddtree-deploy action=port sglang.version=0.5.17`" in err
     assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.parametrize(
     ("release", "chosen", "phrase"),
     [
-        ("0.5.15.post1", "0.5.15", "newest reviewed set"),
-        ("0.5.21", "0.5.15", "newest reviewed set"),  # by the rule: 0.5.22 is above it
+        ("0.5.15.post2", "0.5.15.post1", "newest reviewed set"),
+        ("0.5.21", "0.5.16", "newest reviewed set"),  # by the rule: 0.5.22 is above it
         ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
@@ -472,6 +472,123 @@ def test_port_0514_with_0515_worker_regenerates_the_reviewed_set(
         assert made.text == shipped.diff_path.read_text(), made.name
     ported = {_gate_key(g.site): g.review for g in candidate.gates}
     assert set(ported) == {_gate_key(g) for g in reviewed.gates}
+
+
+# ---------------------------------------------------------------- 0.5.15 -> 0.5.16
+
+PORTED_0516 = "0.5.16"
+# The patches of the 0.5.15 set the 0.5.16 set rewrote (each then taken whole from the 0.5.16 set).
+REWRITTEN_0516 = (
+    "0001-spec-info-ddtree-enum.patch",
+    "0002-server-args-ddtree.patch",
+    WORKER,
+    "0007-hybrid-linear-attn-ddtree-tree.patch",
+)
+_MIXIN = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py"
+# The 0.5.15 hunks 0.5.16's code no longer fits, each with the port's reason: the enum, the
+# hidden-state relay and the algorithm help gained DSPARK, whose fields now follow the DFLASH block
+# size; the worker builds its draft runner through build_draft_tp_worker, no longer refuses TP > 1
+# for its draft sampler, and keeps the Mamba commit in a flag set at init; SpecInput's token
+# scaling became a function; the Mamba pools moved to mem_cache/kv_cache_configurator.py.
+FAILED_0516 = {
+    (REWRITTEN_0516[0], "spec_info.py", 1): "context line 'EAGLE = auto()' does not match line 38 "
+    "('DSPARK = auto()') at the closest match (3 of 6 lines)",
+    (REWRITTEN_0516[0], "spec_utils.py", 1): "context line \"# multi_layer_eagle and DFLASH don't "
+    'relay hidden_states through FutureMap." is not in the file',
+    (REWRITTEN_0516[1], "server_args.py", 1): "removed line '\"Speculative algorithm. Builtins: "
+    "EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DF...' is not in the file",
+    (REWRITTEN_0516[1], "server_args.py", 2): "context line 'speculative_accept_threshold_single: "
+    "A[' does not match line 1753 ('speculative_dspark_block_size: A[') at the closest match (3 "
+    "of 6 lines)",
+    (WORKER, "dflash_worker_v2.py", 2): "removed line '# Draft runner (separate KV cache + "
+    "attention backend).' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 6): "context line 'if get_tp_group().world_size != 1:' is not "
+    "in the file",
+    (WORKER, "dflash_worker_v2.py", 13): "context line 'if need_mamba_verify_commit:' is not in "
+    "the file",
+    (REWRITTEN_0516[3], "spec_info.py", 1): "context line 'x * c2 for x in "
+    "batch.global_num_tokens_for_logprob' is not in the file",
+    **{
+        (REWRITTEN_0516[3], "model_runner_kv_cache_mixin.py", i): f"{_MIXIN} is not in "
+        "sglang==0.5.16"
+        for i in (1, 2, 3)
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def port_0515(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0515"), "0.5.15")
+    return port_patch_set(PORTED_0516, root=root, wheel=wheel_path(PORTED_0516))
+
+
+@pytest.fixture(scope="module")
+def port_0515_with_0516_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.15 set with the reviewed 0.5.16 set's rewritten patches, and its manifest
+    naming the 0.5.16 files and hashes (the rewritten patches start from 0.5.16's bytes, so the
+    hash chain of every target runs through 0.5.16's; the port reads no hash)."""
+    root = _shipped_root(tmp_path_factory.mktemp("p0515w"), "0.5.15")
+    source = root / "0.5.15"
+    for name in REWRITTEN_0516:
+        shutil.copy(patch_sets_root() / PORTED_0516 / name, source / name)
+    raw: dict[str, Any] = yaml.safe_load((source / "series.yaml").read_text())
+    ported = yaml.safe_load((patch_sets_root() / PORTED_0516 / "series.yaml").read_text())
+    files = {p["name"]: p["files"] for p in ported["patches"]}
+    for entry in raw["patches"]:
+        entry["files"] = files[entry["name"]]
+    (source / "series.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return port_patch_set(PORTED_0516, root=root, wheel=wheel_path(PORTED_0516))
+
+
+def test_port_0515_to_0516_fails_only_at_the_rewritten_hunks(port_0515: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0515.failed}
+    assert failed == FAILED_0516
+    assert len(port_0515.hunks) == 40
+    assert port_0515.candidate is None and port_0515.exit_code == 5
+
+
+def test_port_0515_to_0516_gates_are_the_reviewed_sets(port_0515: PortReport) -> None:
+    """The sites the port left unreviewed are the ones the 0.5.16 set reviews new (0.5.16 asks
+    is_dflash_family() at most runtime gates; the one new review the port cannot see is the line
+    0001 writes, as hunks failed and the port scanned no patched text), and none stays unreviewed
+    there; every review carried over keeps its disposition; the reviews left behind are the sites
+    0.5.16 no longer has, plus those of the lines the 0.5.15 patches write."""
+    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / PORTED_0516).gates}
+    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.15").gates}
+    unreviewed = {_gate_key(g.site) for g in port_0515.unreviewed}
+    new = {k for k in reviewed if k not in shipped}
+    assert len(unreviewed) == 17
+    assert unreviewed == {k for k in new if "DDTREE" not in k[2]}
+    assert [reviewed[k].disposition.value for k in new - unreviewed] == ["covered"]
+    dispositions = [reviewed[k].disposition.value for k in unreviewed]
+    assert sorted(set(dispositions)) == ["covered", "dflash-only", "widened"]
+    assert dispositions.count("widened") == 14
+    for gate in port_0515.gates:
+        if gate.review is not None:
+            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
+    dropped = {_gate_key(r) for r in port_0515.dropped_reviews}
+    gone = shipped - set(reviewed)
+    assert gone and gone <= dropped
+    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
+
+
+def test_port_0515_with_0516_rewrites_regenerates_the_reviewed_set(
+    port_0515_with_0516_rewrites: PortReport,
+) -> None:
+    """Every other 0.5.15 patch ports to exactly the reviewed 0.5.16 diff (so a change to the
+    0.5.15 set that 0.5.16's code shares shows up here until 0.5.16 carries it), and the port
+    meets exactly the reviewed gate sites."""
+    candidate = port_0515_with_0516_rewrites.candidate
+    assert candidate is not None
+    reviewed = load_patch_set(patch_sets_root() / PORTED_0516)
+    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
+    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
+        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
+            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
+        ], made.name
+        assert made.text == shipped.diff_path.read_text(), made.name
+    ported = {_gate_key(g.site) for g in candidate.gates}
+    assert ported == {_gate_key(g) for g in reviewed.gates}
 
 
 # ---------------------------------------------------------------- 0.5.23 -> 0.5.22 (backwards)

@@ -1,7 +1,9 @@
 """The server-args promise of each patch set whose arguments live in server_args.py, on the
 release's real parser: the v1 (DFlashWorker) releases, 0.5.14, the first DFlashWorkerV2 one
 (its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
-dataclass fields, the resolution is the same), and 0.5.15 (the same layout), each .post release
+dataclass fields, the resolution is the same), 0.5.15 (the same layout) and 0.5.16 (the same
+layout; its `_handle_dflash` refuses any device but CUDA, as 0.5.23's does, so its arguments are
+resolved for CUDA with flashinfer, the backend a tree needs, as 0.5.23's are), each .post release
 on its own wheel.
 
 For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
@@ -29,7 +31,13 @@ from ddtree_deploy.config.rules import max_tree_budget
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
-from patching.sglang_args_probe import ROWS, WIDE_ROWS, compare, write_tiny_model_dirs
+from patching.sglang_args_probe import (
+    ROWS,
+    WIDE_ROWS,
+    compare,
+    release_device,
+    write_tiny_model_dirs,
+)
 from patching.trees import real_patch_set
 
 # The .post releases run on their own wheels too: 0.5.12.post1's and 0.5.13.post1's targets are
@@ -43,6 +51,7 @@ RELEASES = (
     "0.5.14",
     "0.5.15",
     "0.5.15.post1",
+    "0.5.16",
 )
 
 
@@ -63,9 +72,10 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
     # The limit compose time enforces for this release is the one its set must resolve.
     limit = max_tree_budget(compose_config(staging_overrides(release)))
+    device, extra_argv = release_device(release)
     rows = compare(
         str(python), model_dir, draft_dir, str(site), str(pristine_root(release)),
-        tree_max_budget=limit,
+        device=device, tree_max_budget=limit, extra_argv=extra_argv,
     )  # fmt: skip
     failed = [(name, detail) for name, ok, detail in rows if not ok]
     assert failed == []

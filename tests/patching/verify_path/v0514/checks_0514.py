@@ -1,18 +1,21 @@
-"""Checks of the 0.5.14 and 0.5.15 DDTREE verify paths, run inside the release's staging venv.
+"""Checks of the 0.5.14, 0.5.15 and 0.5.16 DDTREE verify paths, run inside the release's staging
+venv.
 
 Run as `python checks_0514.py NAME|all` with the patched `sglang/` first on PYTHONPATH, then its
 parent folder (`worker_v2_checks.py`: the checks every worker-v2 release shares) and `kernels/`
 (ddtree_kernels, its pure-torch reference on CPU). Prints one `@@JSON@@` line per check; the
-pytest side (test_verify_path_worker_v2.py, test_verify_path_0514.py, test_verify_path_0515.py)
-asserts on it. The worker checks return the same keys as 0.5.23's, so the shared tests hold every
-release to one promise. 0.5.15's set is 0.5.14's with the worker hunks rewritten, so one module
-serves both: the few places the two workers differ (how the tree proposal takes the batch and the
-host lengths; 0.5.15's draft runner server args and in-graph draft sampler) follow `RELEASE`.
+pytest side (test_verify_path_worker_v2.py, test_verify_path_0514.py, test_verify_path_0515.py,
+test_verify_path_0516.py) asserts on it. The worker checks return the same keys as 0.5.23's, so the
+shared tests hold every release to one promise. 0.5.15's and 0.5.16's sets are 0.5.14's with the
+worker hunks rewritten, so one module serves the three: the few places the workers differ (how the
+tree proposal takes the batch and the host lengths; 0.5.15's draft runner server args and
+in-graph draft sampler; 0.5.16's ParallelState, hybrid detection from the model config, Mamba
+commit flag, draft runner builder and pools built by the KV-cache configurator) follow `RELEASE`.
 
-Real: the DFlashWorkerV2 methods the 0.5.14/0.5.15 patches add or change, called unbound,
-DFlash's own greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch version the
-worker falls back to), the linear-attention backend and SGLang's Triton conv kernel (interpreted
-on CPU: TRITON_INTERPRET=1). TEST DOUBLES, because the real objects need a GPU or a scheduler:
+Real: the DFlashWorkerV2 methods the 0.5.14 to 0.5.16 patches add or change, called unbound,
+DFlash's own greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch
+version the worker falls back to), the linear-attention backend and SGLang's Triton conv kernel
+(interpreted on CPU: TRITON_INTERPRET=1). TEST DOUBLES, because the real objects need a GPU or a scheduler:
 `SimpleNamespace` workers standing in for a DFlashWorkerV2 instance (only the attributes each
 method reads), `Group` (TP ranks as threads), the TP-group getter, a recording attention
 backend and the Mamba slot pool.
@@ -120,11 +123,29 @@ def shadow_linear_equals_dflash():
     )  # fmt: skip
 
 
+def _target_runner(hybrid: bool) -> SimpleNamespace:
+    """The target runner double `_init_ddtree` reads to tell a hybrid target. 0.5.14 and 0.5.15:
+    the runner's `mambaish_config`. 0.5.16's runner has none: the worker asks the release's own
+    `configs.hybrid_arch.mambaish_config` of the model config (real HF config classes here)."""
+    if RELEASE in ("0.5.14", "0.5.15"):
+        return SimpleNamespace(mambaish_config=object() if hybrid else None)
+    from sglang.srt.configs import Qwen3NextConfig
+    from transformers import Qwen3Config
+
+    hf_config = Qwen3NextConfig() if hybrid else Qwen3Config()
+    return SimpleNamespace(
+        model_config=SimpleNamespace(
+            hf_config=hf_config, is_draft_model=False, linear_attn_registry_result=None
+        )
+    )
+
+
 def _init_worker(server_args, *, hybrid=False, block=8):
-    """A DFlashWorkerV2 double after `_init_ddtree` (raises what it raises)."""
+    """A DFlashWorkerV2 double after `_init_ddtree` (raises what it raises). Its TP rank is
+    `tp_rank` up to 0.5.15, `ps.tp_rank` (the ParallelState) from 0.5.16."""
     worker = SimpleNamespace(
-        server_args=server_args, block_size=block, tp_rank=1,
-        model_runner=SimpleNamespace(mambaish_config=object() if hybrid else None),
+        server_args=server_args, block_size=block, tp_rank=1, ps=SimpleNamespace(tp_rank=1),
+        model_runner=_target_runner(hybrid),
     )  # fmt: skip
     W.DFlashWorkerV2._init_ddtree(worker)
     return worker
@@ -181,6 +202,7 @@ def worker_mamba_commit():
         target_worker=SimpleNamespace(
             model_runner=SimpleNamespace(attn_backend=backend, model=None)
         ),
+        _need_mamba_verify_commit=True,  # 0.5.16: set in init_attention_backends
     )
     batch = SimpleNamespace(mamba_track_indices=None, seq_lens=torch.tensor([14, 21]))
     accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
@@ -225,8 +247,12 @@ def wide_accept_and_commit():
 def hybrid_tree_links():
     """Patch 0007: the real linear-attention backend hands a DDTREE tree's links to the real
     Triton conv kernel (TRITON_INTERPRET=1), which then convolves each node over its ancestors."""
-    from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_update
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    try:  # 0.5.16 moved SGLang's Triton kernels to sglang.kernels.ops
+        from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+    except ImportError:
+        from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_update
 
     class FakeMambaPool:  # TEST DOUBLE: HybridReqToTokenPool maps requests to Mamba slots
         def get_mamba_indices(self, req_pool_indices):
@@ -296,18 +322,10 @@ def hybrid_tree_links():
     }
 
 
-@check
-def hybrid_conv_window_layout():
-    """Patch 0007: the Mamba pool the patched runner builds for a DDTREE tree-mode hybrid
-    target keeps one conv window per verify node on CUDA. 0.5.14 deduplicates the conv windows
-    of a chain (topk <= 1) into one sliding window, but only on CUDA, so the CPU pool (and
-    hybrid_tree_links above) never saw that layout; the GPU lab did, as a divergence.
-
-    Real: `ModelRunnerKVCacheMixin._init_pools` up to the request pool it builds, and the
-    release's own layout rule `conv_window_dedup_enabled`, asked as on CUDA (not NPU, not CPU).
-    TEST DOUBLES: the runner (the attributes `_init_pools` reads first) and the pool class,
-    which records its arguments and stops the build (a real pool allocates on CUDA)."""
-    from sglang.srt.mem_cache import memory_pool
+def _mixin_pool_topks(pool_args) -> dict[str, int]:
+    """0.5.14 and 0.5.15: the eagle top-k `ModelRunnerKVCacheMixin._init_pools` hands the hybrid
+    request pool. TEST DOUBLES: the runner (the attributes `_init_pools` reads first) and the
+    pool class, which records its arguments and stops the build (a real pool allocates on CUDA)."""
     from sglang.srt.model_executor import model_runner_kv_cache_mixin as mixin
 
     class Built(Exception):
@@ -316,6 +334,66 @@ def hybrid_conv_window_layout():
     def recorder(**kwargs):
         raise Built(kwargs)
 
+    runner = SimpleNamespace(
+        server_args=pool_args, max_running_requests=4, req_to_token_pool=None,
+        mambaish_config=SimpleNamespace(mamba2_cache_params=SimpleNamespace(layers=[0, 1])),
+        model_config=SimpleNamespace(context_len=256), device="cpu", start_layer=0,
+        end_layer=2,
+    )  # fmt: skip
+    with patched(mixin, HybridReqToTokenPool=recorder):
+        try:
+            mixin.ModelRunnerKVCacheMixin._init_pools(runner)
+        except Built as built:
+            return {"hybrid": built.args[0]["speculative_eagle_topk"]}
+    raise AssertionError("_init_pools built no hybrid request pool")
+
+
+def _configurator_pool_topks(pool_args) -> dict[str, int]:
+    """0.5.16: the eagle top-k the KV-cache configurator hands the hybrid request pool and the
+    disaggregated decode side's hybrid pool (`KVCacheConfigurator._build_hybrid_req_pool`,
+    `_build_hybrid_mamba_decode_req_pool`, both real). TEST DOUBLES: the configurator (the
+    attributes the methods read) and the pool classes, which keep their arguments (a real pool
+    allocates on CUDA)."""
+    from sglang.srt.disaggregation import decode
+    from sglang.srt.mem_cache import kv_cache_configurator as K
+
+    configurator = SimpleNamespace(
+        server_args=pool_args, hybrid_gdn_config=object(), device="cpu",
+        model_config=SimpleNamespace(context_len=256),
+        mambaish_config=SimpleNamespace(mamba2_cache_params=SimpleNamespace(layers=[0, 1])),
+        layer_info=SimpleNamespace(start_layer=0, end_layer=2),
+    )  # fmt: skip
+    build = K.KVCacheConfigurator
+    with patched(K, HybridReqToTokenPool=SimpleNamespace):
+        hybrid = build._build_hybrid_req_pool(
+            configurator, max_num_reqs=4, extra_max_context_len=20
+        )
+    with patched(decode, HybridMambaDecodeReqToTokenPool=SimpleNamespace):
+        disagg = build._build_hybrid_mamba_decode_req_pool(
+            configurator, max_num_reqs=4, extra_max_context_len=20, pre_alloc_size=0
+        )
+    return {"hybrid": hybrid.speculative_eagle_topk, "decode": disagg.speculative_eagle_topk}
+
+
+@check
+def hybrid_conv_window_layout():
+    """Patch 0007: the Mamba pools the patched runner builds for a DDTREE tree-mode hybrid
+    target keep one conv window per verify node on CUDA. 0.5.14 to 0.5.16 deduplicate the conv
+    windows of a chain (topk <= 1) into one sliding window, but only on CUDA, so the CPU pool (and
+    hybrid_tree_links above) never saw that layout; the GPU lab did, as a divergence.
+
+    Real: the release's pool construction (0.5.14/0.5.15: the model runner's KV-cache mixin;
+    0.5.16: the KV-cache configurator) and its own layout rule `conv_window_dedup_enabled`,
+    asked as on CUDA (not NPU, not CPU; 0.5.16 also asks: not KDA)."""
+    from sglang.srt.mem_cache import memory_pool
+
+    def dedup_on_cuda(topk):
+        if RELEASE in ("0.5.14", "0.5.15"):
+            return memory_pool.conv_window_dedup_enabled(False, False, topk)
+        return memory_pool.conv_window_dedup_enabled(False, False, topk, False)
+
+    pool_topks = _mixin_pool_topks if RELEASE in ("0.5.14", "0.5.15") else _configurator_pool_topks
+
     def pool_topk(algorithm, mode, eagle_topk=1):
         args = SimpleNamespace(
             speculative_algorithm=algorithm, speculative_ddtree_mode=mode,
@@ -323,26 +401,16 @@ def hybrid_conv_window_layout():
             page_size=1, disaggregation_mode="null", enable_memory_saver=False,
             enable_mamba_extra_buffer=lambda: False, enable_mamba_extra_buffer_lazy=lambda: False,
             disable_overlap_schedule=False, max_mamba_cache_size=None,
-            # 0.5.15 reads these (its unified pool, ReplaySSM, page-major layout: opt-in).
+            # 0.5.15 and 0.5.16 read these (unified pool, ReplaySSM, page-major layout: opt-in).
             enable_unified_memory=False, enable_linear_replayssm=False,
             linear_replayssm_cache_len=16, enable_page_major_kv_layout=False,
+            enable_gdn_replayssm_spec=False,
         )  # fmt: skip
-        runner = SimpleNamespace(
-            server_args=args, max_running_requests=4, req_to_token_pool=None,
-            mambaish_config=SimpleNamespace(mamba2_cache_params=SimpleNamespace(layers=[0, 1])),
-            model_config=SimpleNamespace(context_len=256), device="cpu", start_layer=0,
-            end_layer=2,
-        )  # fmt: skip
-        real = mixin.HybridReqToTokenPool
-        mixin.HybridReqToTokenPool = recorder
-        try:
-            mixin.ModelRunnerKVCacheMixin._init_pools(runner)
-        except Built as built:
-            topk = built.args[0]["speculative_eagle_topk"]
-        finally:
-            mixin.HybridReqToTokenPool = real
-        return {"topk": topk, "dedup_on_cuda": memory_pool.conv_window_dedup_enabled(
-            False, False, topk)}  # fmt: skip
+        topks = pool_topks(args)
+        topk = topks["hybrid"]
+        # Every pool a release builds for the target takes the same top-k.
+        assert set(topks.values()) == {topk}, topks
+        return {"topk": topk, "dedup_on_cuda": dedup_on_cuda(topk)}
 
     return {
         "ddtree_tree": pool_topk("DDTREE", "tree"),
@@ -352,23 +420,28 @@ def hybrid_conv_window_layout():
     }
 
 
+def _resolved_server_args(**fields):
+    """TEST DOUBLE of a resolved ServerArgs: the real class (its cached reservation property),
+    built without __post_init__, holding only the fields the checks read."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs.__new__(ServerArgs)
+    args.__dict__.update(
+        {"speculative_adaptive": False, "speculative_draft_attention_backend": "flashinfer",
+         "speculative_dflash_block_size": None, **fields}
+    )  # fmt: skip
+    return args
+
+
 def draft_runner_server_args():
     """0.5.15 builds the draft runner from the target's own server args (0.5.14 deep-copied
     them). `ddtree_draft_server_args` hands the runner the same object, except in tree mode
     wider than the block: then a copy whose speculative_num_draft_tokens is the drafter's block
     and whose cached reservation (`max_speculative_num_draft_tokens`) is computed afresh, the
-    target's left as it was. Real: ServerArgs' own cached property, on an instance built
-    without __post_init__ (TEST DOUBLE of a resolved one: only the fields read here)."""
+    target's left as it was. Real: ServerArgs' own cached property (`_resolved_server_args`)."""
     from sglang.srt.server_args import ServerArgs
 
-    def resolved(**fields):
-        args = ServerArgs.__new__(ServerArgs)
-        args.__dict__.update(
-            {"speculative_adaptive": False, "speculative_draft_attention_backend": "flashinfer",
-             "speculative_dflash_block_size": None, **fields}
-        )  # fmt: skip
-        return args
-
+    resolved = _resolved_server_args
     wide = resolved(
         speculative_num_draft_tokens=WIDTH, speculative_dflash_block_size=BLOCK,
         speculative_ddtree_mode="tree",
@@ -408,7 +481,7 @@ def draft_sampler_off_in_tree_mode():
 
     def build(mode):
         worker = SimpleNamespace(
-            _ddtree_mode=mode, tp_rank=1, block_size=BLOCK,
+            _ddtree_mode=mode, tp_rank=1, ps=SimpleNamespace(tp_rank=1), block_size=BLOCK,
             _target_worker=SimpleNamespace(
                 model_runner=SimpleNamespace(model=SimpleNamespace(
                     lm_head=SimpleNamespace(weight=weight)))
@@ -423,9 +496,68 @@ def draft_sampler_off_in_tree_mode():
     return {"tree": build("tree"), "shadow": build("shadow_linear"), "dflash": build(None)}
 
 
-if RELEASE != "0.5.14":  # what only 0.5.15's worker has (test_verify_path_0515.py)
+def draft_runner_built_at_the_block():
+    """0.5.16 builds the draft runner through `build_draft_tp_worker` (which deep-copies the
+    server args it is given and builds the TpModelWorker). The patched `__init__` hands it
+    `ddtree_draft_server_args`' result: in tree mode wider than the block a copy at the drafter's
+    block, else the target's own object. Real: `DFlashWorkerV2.__init__` up to that call. TEST
+    DOUBLES: the worker itself (a namespace: the class is abstract), the target worker, the
+    ParallelState (a dataclass, which `replace` needs) and `build_draft_tp_worker`, which records
+    its arguments and stops the build (a real one loads the draft model)."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class State:  # TEST DOUBLE of ParallelState: the fields the worker reads
+        tp_rank: int = 1
+        pp_rank: int = 2
+
+    class Built(Exception):
+        pass
+
+    def recorder(**kwargs):
+        raise Built(kwargs)
+
+    def built(algorithm, **fields):
+        args = _resolved_server_args(page_size=1, speculative_draft_window_size=None, **fields)
+        target = SimpleNamespace(
+            model_runner=SimpleNamespace(
+                spec_algorithm=algorithm, model_config=SimpleNamespace(context_len=256)
+            ),
+            device="cpu",
+        )
+        kwargs: dict = {}
+        with patched(W, build_draft_tp_worker=recorder):
+            try:
+                W.DFlashWorkerV2.__init__(SimpleNamespace(), args, 0, State(), 0, target)
+            except Built as done:
+                kwargs = done.args[0]
+        draft = kwargs["server_args"]
+        return {
+            "draft_tokens": draft.speculative_num_draft_tokens,
+            "target_tokens": args.speculative_num_draft_tokens,
+            "same_object": draft is args,
+            "pp_rank": kwargs["ps"].pp_rank,
+            "algo_label": kwargs["algo_label"],
+        }
+
+    return {
+        "wide_tree": built(
+            SpeculativeAlgorithm.DDTREE, speculative_num_draft_tokens=WIDTH,
+            speculative_dflash_block_size=BLOCK, speculative_ddtree_mode="tree",
+        ),
+        "shadow": built(
+            SpeculativeAlgorithm.DDTREE, speculative_num_draft_tokens=BLOCK,
+            speculative_ddtree_mode="shadow_linear",
+        ),
+        "dflash": built(SpeculativeAlgorithm.DFLASH, speculative_num_draft_tokens=BLOCK),
+    }  # fmt: skip
+
+
+if RELEASE != "0.5.14":  # what 0.5.15's and 0.5.16's workers have (test_verify_path_0515.py)
     check(draft_runner_server_args)
     check(draft_sampler_off_in_tree_mode)
+if RELEASE not in ("0.5.14", "0.5.15"):  # what only 0.5.16's has (test_verify_path_0516.py)
+    check(draft_runner_built_at_the_block)
 
 
 if __name__ == "__main__":

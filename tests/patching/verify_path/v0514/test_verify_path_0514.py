@@ -1,10 +1,10 @@
-"""What 0.5.14's and 0.5.15's DDTREE verify paths have and 0.5.23's does not, on CPU against
-each real patched release (0.5.15's set is 0.5.14's with the worker hunks rewritten; checks_0514.py
-serves both).
+"""What 0.5.14's, 0.5.15's and 0.5.16's DDTREE verify paths have and 0.5.23's does not, on CPU
+against each real patched release (0.5.15's and 0.5.16's sets are 0.5.14's with the worker hunks
+rewritten; checks_0514.py serves the three).
 
 The checks every worker-v2 release shares are tested in ../test_verify_path_worker_v2.py, what
-only 0.5.15 has in ../v0515/; the fixtures (`check`: the JSON one check of checks_0514.py printed)
-are in ../conftest.py.
+only 0.5.15 and 0.5.16 have in ../v0515/ and ../v0516/; the fixtures (`check`: the JSON one
+check of checks_0514.py printed) are in ../conftest.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-RELEASES = ("0.5.14", "0.5.15")
+RELEASES = ("0.5.14", "0.5.15", "0.5.16")
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -22,8 +22,8 @@ def release(request: pytest.FixtureRequest) -> str:
 
 
 def test_hybrid_gdn_follows_ddtree_tree_links(check: Callable[[str], dict]) -> None:
-    """Patch 0007 (0.5.14/0.5.15 set the tree path in MambaAttnBackendBase; 0.5.23 the worker): in
-    tree mode the recurrent layers' conv runs along each node's ancestors."""
+    """Patch 0007 (0.5.14 to 0.5.16 set the tree path in MambaAttnBackendBase; 0.5.23 the
+    worker): in tree mode the recurrent layers' conv runs along each node's ancestors."""
     got = check("hybrid_tree_links")
     assert got["topk"] == {
         "ddtree_tree": 2, "ddtree_tree_enum": 2, "ddtree_shadow": 0, "dflash": 1,
@@ -34,14 +34,13 @@ def test_hybrid_gdn_follows_ddtree_tree_links(check: Callable[[str], dict]) -> N
 
 
 def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]) -> None:
-    """Patch 0007: on CUDA, 0.5.14's (and 0.5.15's) Mamba pool shares one sliding conv window of a
-    chain's verify steps; a tree's nodes need their own (each convolves its ancestors), so the
-    pool a tree-mode DDTREE runner builds keeps the dense layout. Without it the GPU lab's
-    hybrid tree diverged from DFLASH at token 3 in deterministic mode."""
+    """Patch 0007: on CUDA, 0.5.14's (0.5.15's, 0.5.16's) Mamba pool shares one sliding conv
+    window of a chain's verify steps; a tree's nodes need their own (each convolves its
+    ancestors), so the pool a tree-mode DDTREE runner builds keeps the dense layout. Without it
+    the GPU lab's hybrid tree diverged from DFLASH at token 3 in deterministic mode."""
     got = check("hybrid_conv_window_layout")
     assert got["ddtree_tree"] == {"topk": 2, "dedup_on_cuda": False}
     assert got["ddtree_tree_enum"] == {"topk": 2, "dedup_on_cuda": False}
     # The chains keep the release's deduplicated layout: shadow_linear is DFlash's own chain.
     assert got["ddtree_shadow"] == {"topk": 1, "dedup_on_cuda": True}
     assert got["dflash"] == {"topk": 1, "dedup_on_cuda": True}
-

@@ -1,10 +1,12 @@
-"""What only 0.5.15's DDTREE verify path has, on CPU against the real patched release.
+"""What 0.5.15's DDTREE verify path has and 0.5.14's does not (0.5.16's has it too), on CPU
+against each real patched release.
 
-0.5.15's set is 0.5.14's with the DFlashWorkerV2 hunks rewritten, so its checks are 0.5.14's
-(v0514/checks_0514.py, run in the 0.5.15 staging venv: conftest.SHARED_CHECKS); the checks the
-two share are tested in ../test_verify_path_worker_v2.py and ../v0514/test_verify_path_0514.py.
-Here: the two places 0.5.15's worker changed under the patches, its draft runner built from the
-target's own server arguments and its greedy draft head folded into the draft CUDA graph.
+0.5.15's and 0.5.16's sets are 0.5.14's with the DFlashWorkerV2 hunks rewritten, so their checks
+are 0.5.14's (v0514/checks_0514.py, run in each release's staging venv: conftest.SHARED_CHECKS);
+the checks they share are tested in ../test_verify_path_worker_v2.py and
+../v0514/test_verify_path_0514.py. Here: the two places 0.5.15's worker changed under the patches,
+its draft runner built from the target's own server arguments and its greedy draft head folded
+into the draft CUDA graph; 0.5.16 keeps both (how it builds the draft runner: ../v0516/).
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from collections.abc import Callable
 
 import pytest
 
-RELEASE = "0.5.15"
+RELEASES = ("0.5.15", "0.5.16")
 
 
-@pytest.fixture(scope="module")
-def release() -> str:
-    return RELEASE
+@pytest.fixture(scope="module", params=RELEASES)
+def release(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def test_draft_runner_keeps_the_block_when_the_tree_is_wider(
