@@ -52,10 +52,10 @@ SDIST_ALLOWED = {"antlr4-python3-runtime"}
 KERNEL_FOR_RELEASE = {"0.5.11": "0.4.2", "0.5.14": "0.4.4", "0.5.15": "0.4.4", "0.5.16": "0.4.5"}
 
 # Inside sgl_kernel/, what the lab never loads: FlashAttention 3 (1.07 GB, only for
-# --attention-backend fa3), FlashMLA, the sm100 build and (0.4.5) the InfLLM-V2 attention ops,
-# loaded lazily by their own backend only and built for CPython 3.10, so no Python 3.12 could
-# load them anyway. Everything outside sgl_kernel/ and its dist-info (lib/, lib64/, include/,
-# deep_gemm/, triton_kernels/, _mscclpp*) is dropped too.
+# --attention-backend fa3), FlashMLA, the sm100 build, and (0.4.5 on) InfLLM-V2's sparse-attention
+# extension (29 MiB, loaded by sgl_kernel/infllm_v2/_loader.py only when that attention runs, and
+# built for CPython 3.10 alone). Everything outside sgl_kernel/ and its dist-info (lib/, lib64/,
+# include/, deep_gemm/, triton_kernels/, _mscclpp*) is dropped too.
 KERNEL_DROP = (
     "sgl_kernel/flash_ops.abi3.so",
     "sgl_kernel/flashmla_ops.abi3.so",

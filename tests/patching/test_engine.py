@@ -254,10 +254,10 @@ def test_0515_sets_serve_0515_and_its_post1_each() -> None:
     assert select_patch_set("0.5.15").name == "0.5.15"
     derived = select_patch_set("0.5.15.post1")
     assert (derived.name, derived.base) == ("0.5.15.post1", "0.5.15")
+    assert select_patch_set("0.5.16").name == "0.5.16"  # its own set, not 0.5.15's
     for other in ("0.5.15.post2", "0.5.15rc1"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
-    assert select_patch_set("0.5.16").name == "0.5.16"  # its own set, not 0.5.15's
 
 
 def test_0516_set_serves_0516_only() -> None:
@@ -274,5 +274,15 @@ def test_0517_set_serves_0517_only() -> None:
     # 0.5.18 drops the extra_buffer_lazy assert 0002 widens and adds dflash_disaggregation.py.
     assert select_patch_set("0.5.17").name == "0.5.17"
     for other in ("0.5.17.post1", "0.5.17rc1", "0.5.18"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)
+
+
+def test_0522_set_serves_0522_only() -> None:
+    # 0.5.22's set is 0.5.23's ported back; neither pin stretches to the other release, a post
+    # release or the releases between 0.5.17 and 0.5.22 (0.5.18 to 0.5.21 have no set yet).
+    assert select_patch_set("0.5.22").name == "0.5.22"
+    assert select_patch_set("0.5.23").name == "0.5.23"
+    for other in ("0.5.22.post1", "0.5.22rc1", "0.5.21"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)

@@ -1,10 +1,10 @@
 """The server-args promise of each patch set whose arguments live in server_args.py, on the
 release's real parser: the v1 (DFlashWorker) releases, 0.5.14, the first DFlashWorkerV2 one
 (its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
-dataclass fields, the resolution is the same), 0.5.15 (the same layout; each .post release on
-its own wheel) and 0.5.16 (the same layout; its `_handle_dflash` refuses any device but CUDA, as
-0.5.23's does, so its arguments are resolved for CUDA with flashinfer, the backend a tree needs,
-as 0.5.23's are).
+dataclass fields, the resolution is the same), 0.5.15 (the same layout), 0.5.16 and 0.5.17 (the same
+layout; their `_handle_dflash` refuses a CPU device, as 0.5.23's does, so their arguments are
+resolved for CUDA with flashinfer, the backend a tree needs, as 0.5.23's are), each .post release
+on its own wheel.
 
 For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
 `sglang_args_probe.compare` resolves arguments with that release's own `prepare_server_args` in
@@ -13,8 +13,9 @@ its staging venv (CPU): the patched modules import, DDTREE gets every setting DF
 DFLASH resolves exactly as it does on the pristine files. Without the staging venv the test
 skips (fails under DDTREE_REQUIRE_STAGING=1).
 
-0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/: the same
-`compare`, on CUDA with flashinfer, as 0.5.23 serves DDTREE on CUDA only), so it is not listed here.
+0.5.22's and 0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/:
+the same `compare`, on CUDA with flashinfer, as both serve DDTREE on CUDA only), so they are not
+listed here.
 """
 
 from __future__ import annotations

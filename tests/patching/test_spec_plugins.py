@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
+from packaging.version import Version
 from staging import require_staging_venv
 
 from ddtree_deploy.hosts.local import LocalHost
@@ -38,7 +39,7 @@ from patching.sglang_args_probe import (
 )
 from patching.trees import real_patch_set
 
-# The releases with the plugin registry whose server arguments live in server_args.py.
+# Every release with the plugin registry (0.5.12 on), .post releases on their own wheels.
 REGISTRY_RELEASES = (
     "0.5.12",
     "0.5.12.post1",
@@ -47,9 +48,25 @@ REGISTRY_RELEASES = (
     "0.5.14",
     "0.5.15",
     "0.5.15.post1",
-    "0.5.16",
     "0.5.17",
+    "0.5.22",
+    "0.5.23",
 )
+
+# 0.5.16 on ([DDTREE, a plugin] per predicate the release has): DDTREE is in the DFlash family
+# through the widened is_dflash() and outside DSPARK's own predicates; a plugin is in neither.
+FAMILY = {
+    "is_dflash_family": [True, False],
+    "is_dspark": [False, False],
+    "supports_ragged_verify": [False, False],
+    "dflash_in_family": True,
+}
+
+
+def _family_release(release: str) -> bool:
+    """Whether `release` has is_dflash_family() (0.5.16 on)."""
+    return Version(release) >= Version("0.5.16")
+
 
 _REGISTER = r"""
 import json
@@ -61,11 +78,14 @@ algo = SpeculativeAlgorithm.from_string("MY_PLUGIN")
 out["plugin"] = [type(algo).__name__, algo.is_ddtree(), algo.is_dflash()]
 ddtree = SpeculativeAlgorithm.from_string("DDTREE")
 out["ddtree"] = [ddtree.name, ddtree.is_ddtree(), ddtree.is_dflash()]
-if hasattr(SpeculativeAlgorithm, "is_dflash_family"):  # 0.5.16+
-    out["family"] = [
-        ddtree.is_dflash_family(), ddtree.is_dspark(), ddtree.supports_ragged_verify(),
-        SpeculativeAlgorithm.DFLASH.is_dflash_family(), algo.is_dflash_family(),
-    ]
+out["family"] = None
+if hasattr(SpeculativeAlgorithm, "is_dflash_family"):  # 0.5.16 on
+    out["family"] = {
+        name: [getattr(ddtree, name)(), getattr(algo, name)()]
+        for name in ("is_dflash_family", "is_dspark", "supports_ragged_verify")
+        if hasattr(SpeculativeAlgorithm, name)
+    }
+    out["family"]["dflash_in_family"] = SpeculativeAlgorithm.DFLASH.is_dflash_family()
 try:
     SpeculativeAlgorithm.register("DDTREE")(lambda server_args: object)
     out["reserved"] = None
@@ -106,9 +126,8 @@ def test_plugin_registration_works_on_the_patched_release(
     assert got["plugin"] == ["CustomSpecAlgo", False, False]
     assert got["ddtree"] == ["DDTREE", True, True]
     assert "'DDTREE' is a reserved speculative algorithm name" in got["reserved"]
-    # 0.5.16 and 0.5.17: in the DFlash family, not DSPARK's ragged verify; a plugin stays outside.
-    family = [True, False, False, True, False] if release in ("0.5.16", "0.5.17") else None
-    assert got.get("family") == family
+    # 0.5.16 on: in the DFlash family, out of DSPARK's own predicates; a plugin stays outside.
+    assert got["family"] == (FAMILY if _family_release(release) else None)
     if release.startswith("0.5.12"):  # no conformance check yet
         assert got["stale"] is None
     else:
