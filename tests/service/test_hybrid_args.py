@@ -2,14 +2,14 @@
 
 SGLang 0.5.11, 0.5.12 and 0.5.13 refuse any speculative algorithm on a hybrid (attention + GDN) target while the
 radix cache is on; the units rendered for the CT hosts once carried nothing about it, so their
-linear-DFlash baseline could never start. 0.5.14 to 0.5.16 (spec-v2 worker) no longer refuse:
+linear-DFlash baseline could never start. 0.5.14 to 0.5.17 (spec-v2 worker) no longer refuse:
 with the radix cache on they switch the mamba cache to the extra_buffer strategy, which needs CUDA
 (FLA) and is not proven with DFLASH or DDTREE on a GPU yet, so their units keep the radix cache
 off too. 0.5.22 and 0.5.23 pick extra_buffer the same way (their platform's Mamba state snapshots),
 so their units keep it off as well (0.5.23's once started with it on).
 These tests resolve the rendered argv with the release's own `prepare_server_args` (staging venv,
-CPU; 0.5.16 serves DFLASH on CUDA only, 0.5.22 and 0.5.23 on CUDA, NPU or XPU only, so their argv
-names CUDA, which resolves on a CPU).
+CPU; 0.5.16 serves DFLASH on CUDA only, 0.5.17 on CUDA or NPU, 0.5.22 and 0.5.23 on CUDA, NPU or
+XPU only, so their argv names CUDA, which resolves on a CPU).
 """
 
 from __future__ import annotations

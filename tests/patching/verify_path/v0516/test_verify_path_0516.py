@@ -28,8 +28,8 @@ def test_draft_runner_is_built_at_the_block_through_the_shared_builder(
 ) -> None:
     """Budget 63 (width 64): `build_draft_tp_worker` gets a copy sized to the 16-token block, the
     target keeps its 64; DFLASH and shadow_linear (width = block) hand it the target's own server
-    args, as unpatched 0.5.16 does. The rest of the call is the release's (pipeline rank 0, the DFLASH
-    label of the draft runner's backend fallback)."""
+    args, as the unpatched release does. The rest of the call is the release's (pipeline rank 0,
+    the DFLASH label of the draft runner's backend fallback)."""
     got = check("draft_runner_built_at_the_block")
     assert got["wide_tree"] == {
         "draft_tokens": 16, "target_tokens": 64, "same_object": False, "pp_rank": 0,
