@@ -45,8 +45,8 @@ WITH_RADIX_CACHE = {
     "0.5.22": "extra_buffer requires platform support for Mamba cache state snapshots",
     "0.5.23": "extra_buffer requires platform support for Mamba cache state snapshots",
 }
-# The device a release's argv names: 0.5.16, 0.5.22 and 0.5.23 refuse DFLASH on a CPU device.
-DEVICE = {"0.5.16": "cuda", "0.5.22": "cuda", "0.5.23": "cuda"}
+# The device a release's argv names: 0.5.16, 0.5.17, 0.5.22 and 0.5.23 refuse DFLASH on a CPU.
+DEVICE = {"0.5.16": "cuda", "0.5.17": "cuda", "0.5.22": "cuda", "0.5.23": "cuda"}
 
 
 @pytest.mark.parametrize("release", sorted(WITH_RADIX_CACHE))
@@ -63,7 +63,7 @@ def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
     assert resolved.ok, resolved.error
     assert resolved.fields["disable_radix_cache"] is True
     # What the release does without it: the refusal the rendered unit used to hit at start
-    # (0.5.14 to 0.5.16, 0.5.22, 0.5.23: the extra_buffer strategy, which cannot run on this CPU).
+    # (0.5.14 to 0.5.17, 0.5.22, 0.5.23: the extra_buffer strategy, which cannot run on this CPU).
     bare = resolve_server_args(python, [a for a in argv if a != "--disable-radix-cache"])
     assert not bare.ok
     assert WITH_RADIX_CACHE[release] in bare.error
