@@ -30,6 +30,7 @@ PRISTINE_GATE_LINES = {
     "0.5.14": 33,
     "0.5.15": 28,
     "0.5.15.post1": 28,
+    "0.5.22": 67,
     "0.5.23": 82,
 }
 TINY = CASES_DIR / "eof-and-anchors"

@@ -257,3 +257,13 @@ def test_0515_sets_serve_0515_and_its_post1_each() -> None:
     for other in ("0.5.15.post2", "0.5.15rc1", "0.5.16"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
+
+
+def test_0522_set_serves_0522_only() -> None:
+    # 0.5.22's set is 0.5.23's ported back; neither pin stretches to the other release, a post
+    # release or the releases between 0.5.15 and 0.5.22 (0.5.16 to 0.5.21 have no set yet).
+    assert select_patch_set("0.5.22").name == "0.5.22"
+    assert select_patch_set("0.5.23").name == "0.5.23"
+    for other in ("0.5.22.post1", "0.5.22rc1", "0.5.21"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)

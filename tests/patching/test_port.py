@@ -1,11 +1,11 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
-and the 0.5.14 set to 0.5.15.
+the 0.5.14 set to 0.5.15, and the 0.5.23 set back to 0.5.22.
 
-This is how the reviewed 0.5.12 and 0.5.15 sets (patches/sglang/0.5.12/, 0.5.15/) began; since
-they shipped, these tests port from a sets root holding the shipped source set alone, so they keep
-exercising a real port. The 0.5.15 ones hold the reviewed set to that port: it fails exactly at
-the worker hunks the 0.5.15 set rewrote, and with those (and the helper they call) taken from the
-0.5.15 set it regenerates the reviewed set, hashes, diffs and gate reviews.
+This is how the reviewed 0.5.12, 0.5.15 and 0.5.22 sets (patches/sglang/0.5.12/, 0.5.15/,
+0.5.22/) began; since they shipped, these tests port from a sets root holding the shipped source
+set alone, so they keep exercising a real port. The 0.5.15 and 0.5.22 ones hold the reviewed set
+to that port: it fails exactly at the hunks the reviewed set rewrote, and with those patches
+taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
 
 The whole 0.5.11 set does not port to 0.5.12: 0.5.12 dropped the server-args `choices=[...]`
 list and the `speculative_dflash_draft_window_size` field, and rewrote the DFlash acceptance in
@@ -313,7 +313,8 @@ def test_patch_without_set_points_to_port(
     ("release", "chosen", "phrase"),
     [
         ("0.5.15.post1", "0.5.15", "newest reviewed set"),
-        ("0.5.22", "0.5.15", "newest reviewed set"),  # by the rule: 0.5.23 is above it
+        ("0.5.21", "0.5.15", "newest reviewed set"),  # by the rule: 0.5.22 is above it
+        ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
     ],
@@ -463,6 +464,109 @@ def test_port_0514_with_0515_worker_regenerates_the_reviewed_set(
     candidate = port_0514_with_0515_worker.candidate
     assert candidate is not None
     reviewed = load_patch_set(patch_sets_root() / PORTED)
+    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
+    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
+        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
+            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
+        ], made.name
+        assert made.text == shipped.diff_path.read_text(), made.name
+    ported = {_gate_key(g.site): g.review for g in candidate.gates}
+    assert set(ported) == {_gate_key(g) for g in reviewed.gates}
+
+
+# ---------------------------------------------------------------- 0.5.23 -> 0.5.22 (backwards)
+
+BACKPORTED = "0.5.22"
+# The patches the 0.5.22 set rewrote, each failing hunk (file, index) with why it failed:
+# 0.5.22 has no spec-decode metrics tuple, no dflash_dp module and no draft_parallel import; its
+# worker keeps the draft placement in `draft_owns_attention` (0.5.23: `draft_parallel_layout`),
+# has no deferred target-verify gather (so no `target_predict` to pass on) and no
+# `target_dp_enabled`; its dflash_utils ends past the line 0.5.23's helpers are appended after.
+# The worker patch also rewrote two hunks that apply: 14 named 0.5.23's draft_parallel_layout
+# (test_verify_path_worker_v2's name check holds that), and 12's tree accept took 0.5.23's
+# `target_predict`, an argmax 0.5.22 never has (its verify logits are always gathered).
+BACKPORT_FAILED = {
+    ("0001-spec-info-ddtree-enum.patch", "metrics_reporter.py", 1): "context line "
+    "'SpeculativeAlgorithm.EAGLE,' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 1): "context line "
+    "'from sglang.srt.speculative.dflash_dp import gather_draft_embedding' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 3): "removed line "
+    "'with draft_pp_context(), draft_tp_context(self.draft_parallel_layout):' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 6): "context line "
+    "'self._target_logits_processor = self._defer_target_verify_gather()' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 7): "context line "
+    "'draft_tp_context(self.draft_parallel_layout),' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 8): "context line "
+    "'target_dp_enabled = get_parallel().attn_dp_enabled' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 18): "removed line 'target_predict=target_predict,' is not "
+    "in the file",
+    (HELPERS, "dflash_utils.py", 5): "its lines match only before the end of the previous hunk",
+    ("0006-hybrid-mamba-pool-ddtree-tree.patch", "kv_cache_configurator.py", 1): "context line "
+    "'from sglang.srt.speculative.draft_parallel import legacy_draft_attn_tp_size' is not in "
+    "the file",
+}
+BACKPORT_REWRITTEN = sorted({patch for patch, _, _ in BACKPORT_FAILED})
+
+
+@pytest.fixture(scope="module")
+def port_0523(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0523"), "0.5.23")
+    return port_patch_set(BACKPORTED, root=root, wheel=wheel_path(BACKPORTED))
+
+
+@pytest.fixture(scope="module")
+def port_0523_with_0522_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.23 set with the reviewed 0.5.22 set's rewritten patches (and their file
+    lists: 0.5.22's 0001 has no metrics_reporter.py)."""
+    root = _shipped_root(tmp_path_factory.mktemp("p0523r"), "0.5.23")
+    source = root / "0.5.23"
+    series = _series(source)
+    ours = {p["name"]: p for p in _series(patch_sets_root() / BACKPORTED)["patches"]}
+    for entry in series["patches"]:
+        if entry["name"] in BACKPORT_REWRITTEN:
+            entry["files"] = ours[entry["name"]]["files"]
+            shutil.copy(patch_sets_root() / BACKPORTED / entry["name"], source / entry["name"])
+    (source / "series.yaml").write_text(yaml.safe_dump(series, sort_keys=False))
+    return port_patch_set(BACKPORTED, root=root, wheel=wheel_path(BACKPORTED))
+
+
+def test_port_0523_to_0522_fails_only_at_the_rewritten_hunks(port_0523: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0523.failed}
+    assert failed == BACKPORT_FAILED
+    assert port_0523.candidate is None and port_0523.exit_code == 5
+
+
+def test_port_0523_to_0522_gates_are_the_reviewed_sets(port_0523: PortReport) -> None:
+    """The sites the port left unreviewed are the two the 0.5.22 set reviews new (an NPU site
+    whose line 0.5.23 wraps, and DeepSeek-V4's prefill snapshot, gone by 0.5.23), every review
+    carried over keeps its disposition, and the reviews left behind are the sites 0.5.22 does not
+    have (plus the lines the failed hunks would have written)."""
+    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / BACKPORTED).gates}
+    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.23").gates}
+    unreviewed = {_gate_key(g.site) for g in port_0523.unreviewed}
+    assert {key[0].rsplit("/", 1)[1] for key in unreviewed} == {
+        "ascend_backend.py", "deepseek_v4_backend.py",
+    }  # fmt: skip
+    assert unreviewed == {k for k in reviewed if k not in shipped}
+    assert {reviewed[k].disposition.value for k in unreviewed} == {"widened"}
+    for gate in port_0523.gates:
+        if gate.review is not None:
+            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
+    dropped = {_gate_key(r) for r in port_0523.dropped_reviews}
+    gone = shipped - set(reviewed)
+    assert gone and gone <= dropped
+    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
+
+
+def test_port_0523_with_0522_rewrites_regenerates_the_reviewed_set(
+    port_0523_with_0522_rewrites: PortReport,
+) -> None:
+    """0.5.23's 0002 and 0005 port to exactly the reviewed 0.5.22 diffs, and the rewritten ones
+    come back unchanged (so a change to the 0.5.23 set that 0.5.22's code shares shows up here
+    until 0.5.22 carries it)."""
+    candidate = port_0523_with_0522_rewrites.candidate
+    assert candidate is not None and not port_0523_with_0522_rewrites.failed
+    reviewed = load_patch_set(patch_sets_root() / BACKPORTED)
     assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
     for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
         assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [

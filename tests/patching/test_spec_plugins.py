@@ -40,6 +40,7 @@ REGISTRY_RELEASES = (
     "0.5.14",
     "0.5.15",
     "0.5.15.post1",
+    "0.5.22",
 )
 
 _REGISTER = r"""

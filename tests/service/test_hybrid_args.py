@@ -5,8 +5,10 @@ radix cache is on; the units rendered for the CT hosts once carried nothing abou
 linear-DFlash baseline could never start. 0.5.14 and 0.5.15 (spec-v2 worker) no longer refuse:
 with the radix cache on they switch the mamba cache to the extra_buffer strategy, which needs CUDA
 (FLA) and is not proven with DFLASH or DDTREE on a GPU yet, so their units keep the radix cache
-off too.
+off too. 0.5.22 picks extra_buffer the same way (its platform's Mamba state snapshots), so its
+unit keeps it off as well.
 These tests resolve the rendered argv with the release's own `prepare_server_args` (staging venv,
+CPU; 0.5.22 serves DFLASH on CUDA, NPU or XPU only, so its argv names CUDA, which resolves on a
 CPU).
 """
 
@@ -23,12 +25,12 @@ from ddtree_deploy.config import compose_config
 from ddtree_deploy.service.render import server_argv
 
 
-def _rendered_args(tmp_path: Path, *overrides: str) -> list[str]:
+def _rendered_args(tmp_path: Path, *overrides: str, device: str = "cpu") -> list[str]:
     target, draft = write_configs(tmp_path, "hybrid")
     paths = [f"model.target_path={target}", f"model.draft_path={draft}"]
     cfg = compose_config(["host=ct200", *paths, "model.context_length=2048", *overrides])
     # SGLang's own arguments (after `python -m sglang.launch_server`), resolved on a CPU.
-    return [*server_argv(cfg, api_key=False)[3:], "--tp-size", "1", "--device", "cpu"]
+    return [*server_argv(cfg, api_key=False)[3:], "--tp-size", "1", "--device", device]
 
 
 # What each release does on this CPU without --disable-radix-cache.
@@ -38,19 +40,27 @@ WITH_RADIX_CACHE = {
     "0.5.13": "not compatible with radix cache",
     "0.5.14": "extra_buffer needs CUDA/MUSA/NPU (FLA)",  # the strategy it picks instead
     "0.5.15": "extra_buffer needs CUDA/MUSA/NPU (FLA)",
+    "0.5.22": "extra_buffer requires platform support for Mamba cache state snapshots",
 }
+# The device a release's argv names: 0.5.22 refuses DFLASH on a CPU device.
+DEVICE = {"0.5.22": "cuda"}
 
 
 @pytest.mark.parametrize("release", sorted(WITH_RADIX_CACHE))
 def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
     python = str(require_staging_venv(release) / "bin" / "python")
-    argv = _rendered_args(tmp_path, "algo=dflash", f"sglang=v{release.replace('.', '_')}")
+    argv = _rendered_args(
+        tmp_path,
+        "algo=dflash",
+        f"sglang=v{release.replace('.', '_')}",
+        device=DEVICE.get(release, "cpu"),
+    )
     assert "--disable-radix-cache" in argv
     resolved = resolve_server_args(python, argv)
     assert resolved.ok, resolved.error
     assert resolved.fields["disable_radix_cache"] is True
     # What the release does without it: the refusal the rendered unit used to hit at start
-    # (0.5.14, 0.5.15: the extra_buffer strategy, which cannot run on this CPU).
+    # (0.5.14, 0.5.15, 0.5.22: the extra_buffer strategy, which cannot run on this CPU).
     bare = resolve_server_args(python, [a for a in argv if a != "--disable-radix-cache"])
     assert not bare.ok
     assert WITH_RADIX_CACHE[release] in bare.error

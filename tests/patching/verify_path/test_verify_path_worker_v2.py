@@ -1,8 +1,9 @@
-"""The DDTREE verify path every worker-v2 release promises (0.5.14, 0.5.15, 0.5.23), on CPU.
+"""The DDTREE verify path every worker-v2 release promises (0.5.14, 0.5.15, 0.5.22, 0.5.23), on
+CPU.
 
 Each test runs against each release's real patched tree: the checks in its
-`v<release>/checks_<release>.py` (0.5.15: 0.5.14's; the ones the releases share come from
-`worker_v2_checks.py`)
+`v<release>/checks_<release>.py` (0.5.15: 0.5.14's; 0.5.22: 0.5.23's; the ones the releases share
+come from `worker_v2_checks.py`)
 print JSON under the release's staging venv (conftest.py here), and the tests assert on it.
 A release's worker checks report the same keys, so one assertion holds both; what only one
 release has is tested in its own test_verify_path_<release>.py. The backend refusal is checked
@@ -11,18 +12,72 @@ through the real argument resolution (`sglang_args_probe`).
 
 from __future__ import annotations
 
+import ast
+import json
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
 
-WORKER_V2_RELEASES = ("0.5.14", "0.5.15", "0.5.23")
+WORKER_V2_RELEASES = ("0.5.14", "0.5.15", "0.5.22", "0.5.23")
+
+
+WORKER = Path("sglang/srt/speculative/dflash_worker_v2.py")
+BASE = Path("sglang/srt/speculative/base_spec_worker.py")
 
 
 @pytest.fixture(scope="module", params=WORKER_V2_RELEASES)
 def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def _self_names(path: Path, cls: str) -> tuple[set[str], set[str]]:
+    """The `self.X` names class `cls` reads, and the ones it defines (stores, methods, class
+    attributes)."""
+    node = next(
+        n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls
+    )
+    defined = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    for n in node.body:
+        targets = n.targets if isinstance(n, ast.Assign) else [getattr(n, "target", None)]
+        defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+    read: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+            (read if isinstance(n.ctx, ast.Load) else defined).add(n.attr)
+    return read, defined
+
+
+def _unset_worker_names(root: Path) -> set[str]:
+    """`self.X` names DFlashWorkerV2 reads that neither it nor BaseSpecWorker ever sets."""
+    read, defined = _self_names(root / WORKER, "DFlashWorkerV2")
+    return read - defined - _self_names(root / BASE, "BaseSpecWorker")[1]
+
+
+def _undefined_names(file: Path) -> set[str]:
+    """Pyflakes' undefined-name findings (ruff F821) in `file`."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    argv = [ruff, "check", "--isolated", "--select", "F821", "--output-format", "json", str(file)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+    return {finding["message"] for finding in json.loads(out)}
+
+
+def test_worker_hunks_use_only_names_the_release_has(
+    release: str, patched_root: Path, pristine_root: Callable[[str], Path]
+) -> None:
+    """A hunk that applies cleanly can still name what only another release has: 0.5.23's
+    tree-proposal hunk enters `draft_tp_context(self.draft_parallel_layout)`, an attribute
+    0.5.22's worker never sets (its flag is `draft_owns_attention`), and 0.5.23's accept call
+    passes a `target_predict` local 0.5.22's verify never computes. The CPU checks call the
+    worker's methods one by one, so this holds the whole patched worker: no `self` attribute and
+    no name it reads is left unset, beyond what the pristine worker already leaves so."""
+    pristine = pristine_root(release)
+    assert _unset_worker_names(patched_root) <= _unset_worker_names(pristine)
+    assert _undefined_names(patched_root / WORKER) <= _undefined_names(pristine / WORKER)
 
 
 def test_patched_copy_is_the_one_imported(check: Callable[[str], dict]) -> None:

@@ -1,16 +1,19 @@
-"""Checks of the 0.5.23 DDTREE verify path, run inside the SGLang 0.5.23 staging venv.
+"""Checks of the 0.5.22 and 0.5.23 DDTREE verify paths, run inside the release's staging venv.
 
 Run as `python checks_0523.py NAME` with the patched `sglang/` first on PYTHONPATH and
 `kernels/` (ddtree_kernels, its pure-torch reference on CPU) importable. Prints one JSON
-line `{"ok": ..., ...}`; the pytest side (test_verify_path_0523.py) asserts on it.
+line `{"ok": ..., ...}`; the pytest side (test_verify_path_0523.py) asserts on it. 0.5.22's set
+is 0.5.23's ported back, so one module serves both: the few places the two workers differ (the
+draft placement attribute, where DFlash's greedy accept rule lives) follow `RELEASE`.
 
 The checks every worker-v2 release shares come from `worker_v2_checks.py` (this file's parent
-folder, on PYTHONPATH). Real here: the DFlashWorkerV2 methods the 0.5.23 patches add, called
-unbound, DFlash's own greedy head, accept rule (`compute_dflash_correct_drafts_and_bonus`, the
-torch version) and `_commit_accept`. TEST DOUBLES, because the real objects need a GPU, a
-scheduler or an initialised runtime context: `Worker` (a namespace standing in for a
-DFlashWorkerV2 instance), `Group` (TP ranks as threads), the runtime context getters
-(`get_spec`, `get_parallel`) and a recording attention backend.
+folder, on PYTHONPATH). Real here: the DFlashWorkerV2 methods the 0.5.22 and 0.5.23 patches
+add, called unbound, DFlash's own greedy head, accept rule
+(`compute_dflash_correct_drafts_and_bonus`, the torch version) and `_commit_accept`. TEST
+DOUBLES, because the real objects need a GPU, a scheduler or an initialised runtime context:
+`Worker` (a namespace standing in for a DFlashWorkerV2 instance), `Group` (TP ranks as
+threads), the runtime context getters (`get_spec`, `get_parallel`) and a recording attention
+backend.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
 from checklib import check, main
 from ddtree_kernels import ops
-from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.version import __version__ as RELEASE
 from worker_v2_checks import (
     BLOCK,
     BUDGET,
     WIDTH,
+    argmax_logits,
     branching_case,
     ddtree_spec,
     init_results,
@@ -40,6 +44,28 @@ from worker_v2_checks import (
     wide_init_results,
     wide_propose_results,
 )
+
+if RELEASE == "0.5.22":  # 0.5.23 moved DFlash's greedy accept rule into sglang.kernels
+    compute_dflash_correct_drafts_and_bonus = U.compute_dflash_correct_drafts_and_bonus
+else:
+    from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
+
+# Where the worker keeps its draft placement, what `draft_tp_context` takes: 0.5.22 a flag (dp
+# attention), 0.5.23 a layout. A worker double holds only its release's attribute, so a patched
+# method that reads the other release's fails here.
+PLACEMENT = (
+    {"draft_owns_attention": False} if RELEASE == "0.5.22" else {"draft_parallel_layout": None}
+)
+
+
+def _greedy_verify(target, vocab) -> dict:
+    """How the verify's greedy choice reaches `_ddtree_accept_block`: 0.5.23 may hand over the
+    argmax its deferred logits gather took (`target_predict`); 0.5.22 has no deferred gather and
+    always passes the verify logits, so its accept takes no `target_predict`."""
+    if RELEASE == "0.5.22":
+        return {"next_token_logits": argmax_logits(target, vocab)}
+    return {"next_token_logits": None, "target_predict": target.reshape(-1)}
+
 
 # ------------------------------------------------------------------ shadow_linear vs DFlash
 
@@ -69,9 +95,8 @@ def shadow_linear_equals_dflash():
 
     def tree_accept(worker, tree, candidates, target, prefix, vocab):
         return W.DFlashWorkerV2._ddtree_accept_block(
-            worker, tree=tree, candidates=candidates, next_token_logits=None,
-            sampling_info=None, draft_input=None, prefix_lens=prefix, bs=len(prefix),
-            target_predict=target.reshape(-1),
+            worker, tree=tree, candidates=candidates, sampling_info=None, draft_input=None,
+            prefix_lens=prefix, bs=len(prefix), **_greedy_verify(target, vocab),
         )  # fmt: skip
 
     return shadow_linear_results(
@@ -129,8 +154,8 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
     else:
         backend = SimpleNamespace()  # a dense target's backend: no Mamba commit
     worker = SimpleNamespace(
+        **PLACEMENT,
         _ddtree_mode=mode,
-        draft_parallel_layout=None,
         _draft_worker=SimpleNamespace(init_attention_backends=lambda: None),
         _draft_spec_scope=contextlib.nullcontext,
         model_runner=SimpleNamespace(
@@ -168,12 +193,12 @@ def worker_attention_and_sampler():
 
 
 def _tp_group(group) -> dict:
-    """0.5.23's worker reaches its TP group through get_parallel().tp_group."""
+    """0.5.22's and 0.5.23's workers reach their TP group through get_parallel().tp_group."""
     return {"get_parallel": lambda: SimpleNamespace(tp_group=group)}
 
 
 def _host_kwargs(batch) -> dict:
-    """0.5.23 passes the batch as batch; the host prefix lengths are on it."""
+    """0.5.22 and 0.5.23 pass the batch as batch; the host prefix lengths are on it."""
     return {"batch": batch, "draft_input": None}
 
 
@@ -205,7 +230,7 @@ def worker_accept_tree_greedy():
     logits[torch.arange(width), target[0]] = 5.0
     out = W.DFlashWorkerV2._ddtree_accept_block(
         worker, tree=tree, candidates=tokens, next_token_logits=logits, sampling_info=None,
-        draft_input=None, prefix_lens=torch.tensor([40]), bs=1, target_predict=None,
+        draft_input=None, prefix_lens=torch.tensor([40]), bs=1,
     )  # fmt: skip
     drafts, commit, bonus, out_tokens, seq, accept_index = out
     return {
@@ -238,8 +263,8 @@ def wide_accept_and_commit():
             bs=len(prefix),
         )  # fmt: skip
 
-    # 0.5.23's worker puts the verify rows in the drafter's block layout (ddtree_block_rows)
-    # before the draft-KV append, the logprobs and the sampling mask read them.
+    # 0.5.22's and 0.5.23's workers put the verify rows in the drafter's block layout
+    # (ddtree_block_rows) before the draft-KV append, the logprobs and the sampling mask read them.
     return wide_accept_results(
         W, _dflash_worker_double(block_size=BLOCK), accept,
         lambda rows, bs: U.ddtree_block_rows(rows, bs, WIDTH, BLOCK),
@@ -248,10 +273,11 @@ def wide_accept_and_commit():
 
 @check
 def wide_draft_runner_width():
-    """0.5.23's runners size themselves from the spec bag (get_spec()) when they are built and
-    set up, so the worker sets up its draft runner inside `_draft_spec_scope`: in DDTREE tree mode
-    the draft runner's backends and CUDA graphs see the drafter's 16-token block while the target
-    keeps the 64-token verify width; shadow_linear and DFLASH see their one width, untouched.
+    """0.5.22's and 0.5.23's runners size themselves from the spec bag (get_spec()) when they
+    are built and set up, so the worker sets up its draft runner inside `_draft_spec_scope`: in
+    DDTREE tree mode the draft runner's backends and CUDA graphs see the drafter's 16-token block
+    while the target keeps the 64-token verify width; shadow_linear and DFLASH see their one
+    width, untouched.
 
     Real: the spec bag (a published test config, `override_server_args`), the worker's
     `init_attention_backends` and `init_cuda_graphs`, and `ModelRunner.decode_num_tokens_per_req`,
@@ -273,7 +299,7 @@ def wide_draft_runner_width():
             ])  # fmt: skip
 
         worker = SimpleNamespace(
-            _ddtree_mode=None, draft_parallel_layout=None, selector=None,
+            **PLACEMENT, _ddtree_mode=None, selector=None,
             model_runner=SimpleNamespace(
                 spec_algorithm=algo, model_config=SimpleNamespace(hybrid=False),
                 attn_backend=SimpleNamespace(),
@@ -345,9 +371,9 @@ def worker_mamba_commit():
 @check
 def hybrid_conv_window_layout():
     """Patch 0006: the Mamba request pool `KVCacheConfigurator._build_hybrid_req_pool` builds
-    for a DDTREE tree-mode hybrid target keeps one conv window per verify node on CUDA. 0.5.23
-    deduplicates a chain's conv windows (topk <= 1) into one sliding window on CUDA only, so a
-    CPU pool never shows that layout (0.5.14's did on the GPU lab, as a divergence).
+    for a DDTREE tree-mode hybrid target keeps one conv window per verify node on CUDA. 0.5.22
+    and 0.5.23 deduplicate a chain's conv windows (topk <= 1) into one sliding window on CUDA
+    only, so a CPU pool never shows that layout (0.5.14's did on the GPU lab, as a divergence).
 
     Real: `_build_hybrid_req_pool` and the release's layout rule `conv_window_dedup_enabled`,
     asked as on CUDA for a GDN (not KDA) model. TEST DOUBLES: the configurator (the attributes
