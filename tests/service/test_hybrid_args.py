@@ -5,11 +5,11 @@ radix cache is on; the units rendered for the CT hosts once carried nothing abou
 linear-DFlash baseline could never start. 0.5.14 and 0.5.15 (spec-v2 worker) no longer refuse:
 with the radix cache on they switch the mamba cache to the extra_buffer strategy, which needs CUDA
 (FLA) and is not proven with DFLASH or DDTREE on a GPU yet, so their units keep the radix cache
-off too. 0.5.21 and 0.5.22 pick extra_buffer the same way (its platform's Mamba state snapshots), so their
-units keep it off as well.
+off too. 0.5.21 (FLA again) and 0.5.22 (its platform's Mamba state snapshots) pick extra_buffer the
+same way, so their units keep it off as well.
 These tests resolve the rendered argv with the release's own `prepare_server_args` (staging venv,
-CPU; 0.5.21 and 0.5.22 serve DFLASH on CUDA, NPU or XPU only, so their argv names CUDA, which resolves on a
-CPU).
+CPU; 0.5.21 and 0.5.22 serve DFLASH on CUDA, NPU or XPU only, so their argv names CUDA, which
+resolves on a CPU).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ WITH_RADIX_CACHE = {
     "0.5.13": "not compatible with radix cache",
     "0.5.14": "extra_buffer needs CUDA/MUSA/NPU (FLA)",  # the strategy it picks instead
     "0.5.15": "extra_buffer needs CUDA/MUSA/NPU (FLA)",
-    "0.5.21": "extra_buffer requires platform support for Mamba cache state snapshots",
+    "0.5.21": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
     "0.5.22": "extra_buffer requires platform support for Mamba cache state snapshots",
 }
 # The device a release's argv names: 0.5.21 and 0.5.22 refuse DFLASH on a CPU device.
