@@ -1,13 +1,13 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
-the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, the 0.5.16 set to 0.5.17, and the 0.5.23 set
-back to 0.5.22.
+the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, the 0.5.16 set to 0.5.17, the 0.5.23 set back
+to 0.5.22 and the 0.5.22 set back to 0.5.21.
 
-This is how the reviewed 0.5.12, 0.5.15, 0.5.16, 0.5.17 and 0.5.22 sets (patches/sglang/0.5.12/,
-0.5.15/, 0.5.16/, 0.5.17/, 0.5.22/) began; since they shipped, these tests port from a sets root
-holding the shipped source set alone, so they keep exercising a real port. The 0.5.15, 0.5.16,
-0.5.17 and 0.5.22 ones hold the reviewed set to that port: it fails exactly at the hunks the
-reviewed set rewrote, and with those patches taken from the reviewed set it regenerates it,
-hashes, diffs and gate reviews.
+This is how the reviewed 0.5.12, 0.5.15, 0.5.16, 0.5.17, 0.5.21 and 0.5.22 sets
+(patches/sglang/<release>/) began; since they shipped, these tests port from a sets root holding
+the shipped source set alone, so they keep exercising a real port. The 0.5.15 to 0.5.17, 0.5.21
+and 0.5.22 ones hold the
+reviewed set to that port: it fails exactly at the hunks the reviewed set rewrote, and with those
+patches taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
 
 The whole 0.5.11 set does not port to 0.5.12: 0.5.12 dropped the server-args `choices=[...]`
 list and the `speculative_dflash_draft_window_size` field, and rewrote the DFlash acceptance in
@@ -23,7 +23,7 @@ import json
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -299,7 +299,7 @@ def test_patch_without_set_points_to_port(
     code = main(
         [
             "action=patch",
-            "sglang.version=0.5.18",
+            "sglang.version=0.5.17",
             f"host.sglang_venv={tmp_path / 'venv'}",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
@@ -307,15 +307,16 @@ def test_patch_without_set_points_to_port(
     )
     err = capsys.readouterr().err
     assert code == 5
-    assert "run `ddtree-deploy action=port sglang.version=0.5.18`" in err
+    assert "run `ddtree-deploy action=port sglang.version=0.5.17`" in err
     assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.parametrize(
     ("release", "chosen", "phrase"),
     [
+        # 0.5.15.post1 has its own (derived) set now.
         ("0.5.15.post2", "0.5.15.post1", "newest reviewed set"),
-        ("0.5.21", "0.5.17", "newest reviewed set"),  # by the rule: 0.5.22 is above it
+        ("0.5.20", "0.5.17", "newest reviewed set"),  # by the rule: 0.5.21 is above it
         ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
@@ -414,6 +415,46 @@ def _gate_key(gate: Any) -> tuple[str, str, str]:
     return (str(gate.file), gate.function, gate.text)
 
 
+def _assert_gates_are_the_reviewed_sets(
+    port: PortReport, release: str, source: str
+) -> tuple[set[tuple[str, str, str]], dict[tuple[str, str, str], Any]]:
+    """The sites the port of `source` left unreviewed are the ones `release`'s set reviews new,
+    every review carried over keeps its disposition, and the reviews left behind are the sites
+    `release` no longer has (plus, since hunks failed and the port scanned no patched text, those
+    of the lines the patches write, which `release`'s set reviews). Returns the unreviewed keys
+    and `release`'s reviews, for what each port adds."""
+    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / release).gates}
+    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / source).gates}
+    unreviewed = {_gate_key(g.site) for g in port.unreviewed}
+    new = {k for k in reviewed if k not in shipped}
+    assert unreviewed == {k for k in new if "DDTREE" not in k[2]}
+    # Lines the patches write (DDTREE in them), new where a hunk had to be rewritten: covered.
+    assert {reviewed[k].disposition.value for k in new - unreviewed} <= {"covered"}
+    for gate in port.gates:
+        if gate.review is not None:
+            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
+    dropped = {_gate_key(r) for r in port.dropped_reviews}
+    gone = shipped - set(reviewed)
+    assert gone and gone <= dropped
+    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
+    return unreviewed, reviewed
+
+
+def _assert_regenerates_the_reviewed_set(port: PortReport, release: str) -> None:
+    """The port's candidate is `release`'s reviewed set: patch names, hashes, diffs, gates."""
+    candidate = port.candidate
+    assert candidate is not None and not port.failed
+    reviewed = load_patch_set(patch_sets_root() / release)
+    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
+    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
+        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
+            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
+        ], made.name
+        assert made.text == shipped.diff_path.read_text(), made.name
+    ported = {_gate_key(g.site): g.review for g in candidate.gates}
+    assert set(ported) == {_gate_key(g) for g in reviewed.gates}
+
+
 @pytest.fixture(scope="module")
 def port_0514(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
     root = _shipped_root(tmp_path_factory.mktemp("p0514"), "0.5.14")
@@ -443,19 +484,9 @@ def test_port_0514_to_0515_gates_are_the_reviewed_sets(port_0514: PortReport) ->
     unreviewed there), every review carried over keeps its disposition, and the reviews left
     behind are the sites 0.5.15 no longer has (plus, since hunks failed and the port scanned no
     patched text, those of the lines the patches write, which the 0.5.15 set reviews)."""
-    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / PORTED).gates}
-    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.14").gates}
-    unreviewed = {_gate_key(g.site) for g in port_0514.unreviewed}
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(port_0514, PORTED, "0.5.14")
     assert len(unreviewed) == 4
-    assert unreviewed == {k for k in reviewed if k not in shipped}
     assert {reviewed[k].disposition.value for k in unreviewed} == {"widened"}
-    for gate in port_0514.gates:
-        if gate.review is not None:
-            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
-    dropped = {_gate_key(r) for r in port_0514.dropped_reviews}
-    gone = shipped - set(reviewed)
-    assert gone and gone <= dropped
-    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
 
 
 def test_port_0514_with_0515_worker_regenerates_the_reviewed_set(
@@ -463,189 +494,123 @@ def test_port_0514_with_0515_worker_regenerates_the_reviewed_set(
 ) -> None:
     """Every other 0.5.14 patch ports to exactly the reviewed 0.5.15 diff (so a change to the
     0.5.14 set that 0.5.15's code shares shows up here until 0.5.15 carries it)."""
-    candidate = port_0514_with_0515_worker.candidate
-    assert candidate is not None
-    reviewed = load_patch_set(patch_sets_root() / PORTED)
-    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
-    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
-        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
-            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
-        ], made.name
-        assert made.text == shipped.diff_path.read_text(), made.name
-    ported = {_gate_key(g.site): g.review for g in candidate.gates}
-    assert set(ported) == {_gate_key(g) for g in reviewed.gates}
+    _assert_regenerates_the_reviewed_set(port_0514_with_0515_worker, PORTED)
 
 
-# ------------------------------------------------- 0.5.15 -> 0.5.16 and 0.5.16 -> 0.5.17
+# ---------------------------------------------------------------- 0.5.15 -> 0.5.16
 
+PORTED_0516 = "0.5.16"
+# The patches of the 0.5.15 set the 0.5.16 set rewrote (each then taken whole from the 0.5.16 set).
+REWRITTEN_0516 = (
+    "0001-spec-info-ddtree-enum.patch",
+    "0002-server-args-ddtree.patch",
+    WORKER,
+    "0007-hybrid-linear-attn-ddtree-tree.patch",
+)
 _MIXIN = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py"
-_SERVER_ARGS, _POOLS = "0002-server-args-ddtree.patch", "0007-hybrid-linear-attn-ddtree-tree.patch"
-
-
-@dataclass(frozen=True)
-class PortCase:
-    """One release's reviewed set held to a port of the set before it."""
-
-    source: str  # the shipped set ported from
-    rewritten: tuple[str, ...]  # its patches the reviewed set rewrote (taken whole from it)
-    failed: dict[tuple[str, str, int], str]  # (patch, file, hunk) -> the port's reason
-    unreviewed: int  # the pristine gate sites no review of the source set matches
-    widened: int  # how many of those the reviewed set reviews `widened`
-    dispositions: tuple[str, ...]  # every disposition among them
-
-
-PORT_CASES = {
-    # The enum, the hidden-state relay and the algorithm help gained DSPARK, whose fields now
-    # follow the DFLASH block size; the worker builds its draft runner through
-    # build_draft_tp_worker, no longer refuses TP > 1 for its draft sampler, and keeps the Mamba
-    # commit in a flag set at init; SpecInput's token scaling became a function; the Mamba pools
-    # moved to mem_cache/kv_cache_configurator.py.
-    "0.5.16": PortCase(
-        source="0.5.15",
-        rewritten=("0001-spec-info-ddtree-enum.patch", _SERVER_ARGS, WORKER, _POOLS),
-        failed={
-            ("0001-spec-info-ddtree-enum.patch", "spec_info.py", 1): "context line 'EAGLE = "
-            "auto()' does not match line 38 ('DSPARK = auto()') at the closest match (3 of 6 "
-            "lines)",
-            ("0001-spec-info-ddtree-enum.patch", "spec_utils.py", 1): 'context line "# '
-            "multi_layer_eagle and DFLASH don't relay hidden_states through FutureMap.\" is not "
-            "in the file",
-            (_SERVER_ARGS, "server_args.py", 1): "removed line '\"Speculative algorithm. "
-            "Builtins: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DF...' is not in the file",
-            (_SERVER_ARGS, "server_args.py", 2): "context line 'speculative_accept_threshold_"
-            "single: A[' does not match line 1753 ('speculative_dspark_block_size: A[') at the "
-            "closest match (3 of 6 lines)",
-            (WORKER, "dflash_worker_v2.py", 2): "removed line '# Draft runner (separate KV "
-            "cache + attention backend).' is not in the file",
-            (WORKER, "dflash_worker_v2.py", 6): "context line 'if get_tp_group().world_size != "
-            "1:' is not in the file",
-            (WORKER, "dflash_worker_v2.py", 13): "context line 'if need_mamba_verify_commit:' is "
-            "not in the file",
-            (_POOLS, "spec_info.py", 1): "context line 'x * c2 for x in "
-            "batch.global_num_tokens_for_logprob' is not in the file",
-            **{
-                (_POOLS, "model_runner_kv_cache_mixin.py", i): f"{_MIXIN} is not in sglang==0.5.16"
-                for i in (1, 2, 3)
-            },
-        },
-        unreviewed=17,
-        widened=14,
-        dispositions=("covered", "dflash-only", "widened"),
-    ),
-    # The fields gained NS("spec") (0.5.17 publishes them into config bags); the worker imports
-    # the exec bag, grammar and simulated-acceptance helpers, masks a grammar over its chain
-    # before accept; the pools read the top-k from the spec bag. The 0004 helpers fit but are
-    # rewritten too (read-only server args, the draft runner's spec-bag scope, the grammar
-    # refusal), as are 0002's and 0007's new gate hunks.
-    "0.5.17": PortCase(
-        source="0.5.16",
-        rewritten=(_SERVER_ARGS, WORKER, HELPERS, _POOLS),
-        failed={
-            (_SERVER_ARGS, "server_args.py", 1): "context line '] = None' does not match line "
-            "2027 ('NS(\"spec\"),') at the closest match (4 of 7 lines)",
-            (WORKER, "dflash_worker_v2.py", 1): "context line ')' does not match line 31 ('from "
-            "sglang.srt.server_args import ServerArgs') at the closest match (8 of 14 lines)",
-            (WORKER, "dflash_worker_v2.py", 11): "context line 'lm_head=lm_head,' does not match "
-            "line 1649 ('draft_tokens[:, 1:].copy_(draft_next)') at the closest match (18 of 24 "
-            "lines)",
-            (WORKER, "dflash_worker_v2.py", 12): "context line 'candidates = draft_tokens' does "
-            "not match line 1718 ('# Constrain every chain position before accept picks from "
-            "it.') at the closest match (6 of 12 lines)",
-            **{
-                (_POOLS, "kv_cache_configurator.py", i): "removed line 'speculative_eagle_topk="
-                "self.server_args.speculative_eagle_topk,' is not in the file"
-                for i in (2, 3)
-            },
-        },
-        unreviewed=7,
-        widened=4,
-        dispositions=("covered", "widened"),
-    ),
+# The 0.5.15 hunks 0.5.16's code no longer fits, each with the port's reason: the enum, the
+# hidden-state relay and the algorithm help gained DSPARK, whose fields now follow the DFLASH block
+# size; the worker builds its draft runner through build_draft_tp_worker, no longer refuses TP > 1
+# for its draft sampler, and keeps the Mamba commit in a flag set at init; SpecInput's token
+# scaling became a function; the Mamba pools moved to mem_cache/kv_cache_configurator.py.
+FAILED_0516 = {
+    (REWRITTEN_0516[0], "spec_info.py", 1): "context line 'EAGLE = auto()' does not match line 38 "
+    "('DSPARK = auto()') at the closest match (3 of 6 lines)",
+    (REWRITTEN_0516[0], "spec_utils.py", 1): "context line \"# multi_layer_eagle and DFLASH don't "
+    'relay hidden_states through FutureMap." is not in the file',
+    (REWRITTEN_0516[1], "server_args.py", 1): "removed line '\"Speculative algorithm. Builtins: "
+    "EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DF...' is not in the file",
+    (REWRITTEN_0516[1], "server_args.py", 2): "context line 'speculative_accept_threshold_single: "
+    "A[' does not match line 1753 ('speculative_dspark_block_size: A[') at the closest match (3 "
+    "of 6 lines)",
+    (WORKER, "dflash_worker_v2.py", 2): "removed line '# Draft runner (separate KV cache + "
+    "attention backend).' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 6): "context line 'if get_tp_group().world_size != 1:' is not "
+    "in the file",
+    (WORKER, "dflash_worker_v2.py", 13): "context line 'if need_mamba_verify_commit:' is not in "
+    "the file",
+    (REWRITTEN_0516[3], "spec_info.py", 1): "context line 'x * c2 for x in "
+    "batch.global_num_tokens_for_logprob' is not in the file",
+    **{
+        (REWRITTEN_0516[3], "model_runner_kv_cache_mixin.py", i): f"{_MIXIN} is not in "
+        "sglang==0.5.16"
+        for i in (1, 2, 3)
+    },
 }
 
 
-@pytest.fixture(scope="module", params=sorted(PORT_CASES))
-def ported_release(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture(scope="module")
-def port_source(ported_release: str, tmp_path_factory: pytest.TempPathFactory) -> PortReport:
-    """The port of the shipped source set alone."""
-    source = PORT_CASES[ported_release].source
-    root = _shipped_root(tmp_path_factory.mktemp(f"p{source}"), source)
-    return port_patch_set(ported_release, root=root, wheel=wheel_path(ported_release))
+def port_0515(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0515"), "0.5.15")
+    return port_patch_set(PORTED_0516, root=root, wheel=wheel_path(PORTED_0516))
 
 
-@pytest.fixture(scope="module")
-def port_source_with_rewrites(
-    ported_release: str, tmp_path_factory: pytest.TempPathFactory
+def _port_with_rewrites(
+    base: Path, source: str, release: str, rewritten: tuple[str, ...]
 ) -> PortReport:
-    """The shipped source set with the reviewed set's rewritten patches, and its manifest naming
-    the reviewed set's files and hashes (the rewritten patches start from the new release's
-    bytes, so the hash chain of every target runs through them; the port reads no hash)."""
-    case = PORT_CASES[ported_release]
-    root = _shipped_root(tmp_path_factory.mktemp(f"p{case.source}w"), case.source)
-    source = root / case.source
-    for name in case.rewritten:
-        shutil.copy(patch_sets_root() / ported_release / name, source / name)
-    raw: dict[str, Any] = yaml.safe_load((source / "series.yaml").read_text())
-    ported = yaml.safe_load((patch_sets_root() / ported_release / "series.yaml").read_text())
-    files = {p["name"]: p["files"] for p in ported["patches"]}
+    """The port to `release` of the shipped `source` set with `release`'s reviewed `rewritten`
+    patches, its manifest naming `release`'s files and hashes (the rewritten patches start from
+    `release`'s bytes, so the hash chain of every target runs through them; the port reads no
+    hash)."""
+    root = _shipped_root(base, source)
+    for name in rewritten:
+        shutil.copy(patch_sets_root() / release / name, root / source / name)
+    raw = _series(root / source)
+    files = {p["name"]: p["files"] for p in _series(patch_sets_root() / release)["patches"]}
     for entry in raw["patches"]:
         entry["files"] = files[entry["name"]]
-    (source / "series.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return port_patch_set(ported_release, root=root, wheel=wheel_path(ported_release))
+    (root / source / "series.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return port_patch_set(release, root=root, wheel=wheel_path(release))
 
 
-def test_port_fails_only_at_the_rewritten_hunks(
-    ported_release: str, port_source: PortReport
-) -> None:
-    case = PORT_CASES[ported_release]
-    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_source.failed}
-    assert failed == case.failed
-    assert {patch for patch, _, _ in failed} <= set(case.rewritten)
-    assert len(port_source.hunks) == 40
-    assert port_source.candidate is None and port_source.exit_code == 5
+@pytest.fixture(scope="module")
+def port_0515_with_0516_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.15 set with the reviewed 0.5.16 set's rewritten patches."""
+    base = tmp_path_factory.mktemp("p0515w")
+    return _port_with_rewrites(base, "0.5.15", PORTED_0516, REWRITTEN_0516)
 
 
-def test_port_gates_are_the_reviewed_sets(ported_release: str, port_source: PortReport) -> None:
-    """The sites the port left unreviewed are the ones the reviewed set reviews new (0.5.16 asks
-    is_dflash_family() at most runtime gates; 0.5.17 adds string gates around ReplaySSM and lazy
-    Mamba caching, grammar overlap and an NPU verify layout); the new reviews the port cannot see
-    are of lines the patches write (hunks failed, so the port scanned no patched text), all
-    covered; none stays unreviewed; every review carried over keeps its disposition; the reviews
-    left behind are the sites the release no longer has, plus those of the lines the source
-    set's patches write."""
-    case = PORT_CASES[ported_release]
-    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / ported_release).gates}
-    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / case.source).gates}
-    unreviewed = {_gate_key(g.site) for g in port_source.unreviewed}
+def test_port_0515_to_0516_fails_only_at_the_rewritten_hunks(port_0515: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0515.failed}
+    assert failed == FAILED_0516
+    assert len(port_0515.hunks) == 40
+    assert port_0515.candidate is None and port_0515.exit_code == 5
+
+
+def test_port_0515_to_0516_gates_are_the_reviewed_sets(port_0515: PortReport) -> None:
+    """The sites the port left unreviewed are the ones the 0.5.16 set reviews new (0.5.16 asks
+    is_dflash_family() at most runtime gates; the one new review the port cannot see is the line
+    0001 writes, as hunks failed and the port scanned no patched text), and none stays unreviewed
+    there; every review carried over keeps its disposition; the reviews left behind are the sites
+    0.5.16 no longer has, plus those of the lines the 0.5.15 patches write."""
+    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / PORTED_0516).gates}
+    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.15").gates}
+    unreviewed = {_gate_key(g.site) for g in port_0515.unreviewed}
     new = {k for k in reviewed if k not in shipped}
-    assert len(unreviewed) == case.unreviewed
+    assert len(unreviewed) == 17
     assert unreviewed == {k for k in new if "DDTREE" not in k[2]}
-    assert {reviewed[k].disposition.value for k in new - unreviewed} == {"covered"}
+    assert [reviewed[k].disposition.value for k in new - unreviewed] == ["covered"]
     dispositions = [reviewed[k].disposition.value for k in unreviewed]
-    assert tuple(sorted(set(dispositions))) == case.dispositions
-    assert dispositions.count("widened") == case.widened
-    for gate in port_source.gates:
+    assert sorted(set(dispositions)) == ["covered", "dflash-only", "widened"]
+    assert dispositions.count("widened") == 14
+    for gate in port_0515.gates:
         if gate.review is not None:
             assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
-    dropped = {_gate_key(r) for r in port_source.dropped_reviews}
+    dropped = {_gate_key(r) for r in port_0515.dropped_reviews}
     gone = shipped - set(reviewed)
     assert gone and gone <= dropped
     assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
 
 
-def test_port_with_rewrites_regenerates_the_reviewed_set(
-    ported_release: str, port_source_with_rewrites: PortReport
+def test_port_0515_with_0516_rewrites_regenerates_the_reviewed_set(
+    port_0515_with_0516_rewrites: PortReport,
 ) -> None:
-    """Every other patch of the source set ports to exactly the reviewed diff (so a change to the
-    source set that the new release's code shares shows up here until its set carries it), and
-    the port meets exactly the reviewed gate sites."""
-    candidate = port_source_with_rewrites.candidate
+    """Every other 0.5.15 patch ports to exactly the reviewed 0.5.16 diff (so a change to the
+    0.5.15 set that 0.5.16's code shares shows up here until 0.5.16 carries it), and the port
+    meets exactly the reviewed gate sites."""
+    candidate = port_0515_with_0516_rewrites.candidate
     assert candidate is not None
-    reviewed = load_patch_set(patch_sets_root() / ported_release)
+    reviewed = load_patch_set(patch_sets_root() / PORTED_0516)
     assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
     for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
         assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
@@ -723,21 +688,11 @@ def test_port_0523_to_0522_gates_are_the_reviewed_sets(port_0523: PortReport) ->
     whose line 0.5.23 wraps, and DeepSeek-V4's prefill snapshot, gone by 0.5.23), every review
     carried over keeps its disposition, and the reviews left behind are the sites 0.5.22 does not
     have (plus the lines the failed hunks would have written)."""
-    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / BACKPORTED).gates}
-    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.23").gates}
-    unreviewed = {_gate_key(g.site) for g in port_0523.unreviewed}
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(port_0523, BACKPORTED, "0.5.23")
     assert {key[0].rsplit("/", 1)[1] for key in unreviewed} == {
         "ascend_backend.py", "deepseek_v4_backend.py",
     }  # fmt: skip
-    assert unreviewed == {k for k in reviewed if k not in shipped}
     assert {reviewed[k].disposition.value for k in unreviewed} == {"widened"}
-    for gate in port_0523.gates:
-        if gate.review is not None:
-            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
-    dropped = {_gate_key(r) for r in port_0523.dropped_reviews}
-    gone = shipped - set(reviewed)
-    assert gone and gone <= dropped
-    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
 
 
 def test_port_0523_with_0522_rewrites_regenerates_the_reviewed_set(
@@ -746,14 +701,149 @@ def test_port_0523_with_0522_rewrites_regenerates_the_reviewed_set(
     """0.5.23's 0002 and 0005 port to exactly the reviewed 0.5.22 diffs, and the rewritten ones
     come back unchanged (so a change to the 0.5.23 set that 0.5.22's code shares shows up here
     until 0.5.22 carries it)."""
-    candidate = port_0523_with_0522_rewrites.candidate
-    assert candidate is not None and not port_0523_with_0522_rewrites.failed
-    reviewed = load_patch_set(patch_sets_root() / BACKPORTED)
-    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
-    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
-        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
-            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
-        ], made.name
-        assert made.text == shipped.diff_path.read_text(), made.name
-    ported = {_gate_key(g.site): g.review for g in candidate.gates}
-    assert set(ported) == {_gate_key(g) for g in reviewed.gates}
+    _assert_regenerates_the_reviewed_set(port_0523_with_0522_rewrites, BACKPORTED)
+
+
+# ---------------------------------------------------------------- 0.5.22 -> 0.5.21 (backwards)
+
+PORTED_BACK = "0.5.21"
+# 0.5.22's worker hunks whose context 0.5.21 lacks, each with why it failed: 0.5.21 enters the
+# draft's TP scope through its own `self.draft_tp_context(group, owns_attention=...)` (0.5.22:
+# `draft_tp_context(self.draft_owns_attention)`, the flag read from `attn_dp_enabled`), plans no
+# KV window (no `kv_loc_plan`) and captures no sampling mask (it refuses return_sampling_mask
+# with speculative decoding). The worker patch also rewrote one hunk that applies: 14, the tree
+# proposal, entered 0.5.22's `draft_tp_context(flag)`, which 0.5.21's context takes as its group
+# (test_verify_path_worker_v2's name check and checks_0523's worker doubles hold that); and the
+# accept hunk (18) keeps 0.5.21's `target_predict` and runs SGLANG_SIMULATE_ACC_LEN's forced
+# chain acceptance for DFLASH only, as 0.5.22 does inside `_accept_block`.
+PORTED_BACK_FAILED = {
+    (WORKER, "dflash_worker_v2.py", 3): "context line "
+    "'self.draft_owns_attention = get_parallel().attn_dp_enabled' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 7): "context line "
+    "'draft_tp_context(self.draft_owns_attention),' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 8): "context line "
+    "'draft_tp_context(self.draft_owns_attention),' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 15): "removed line 'kv_loc_plan=kv_loc_plan,' is not in "
+    "the file",
+    (WORKER, "dflash_worker_v2.py", 18): "context line "
+    "'sampling_mask_capture = SpeculativeSamplingMaskCapture.from_logits(' is not in the file",
+}
+
+
+@pytest.fixture(scope="module")
+def port_0522(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0522"), BACKPORTED)
+    return port_patch_set(PORTED_BACK, root=root, wheel=wheel_path(PORTED_BACK))
+
+
+@pytest.fixture(scope="module")
+def port_0522_with_0521_worker(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.22 set with the reviewed 0.5.21 set's worker diff (and its hashes)."""
+    root = _shipped_root(tmp_path_factory.mktemp("p0522w"), BACKPORTED)
+    source = root / BACKPORTED
+    series = _series(source)
+    ours = {p["name"]: p for p in _series(patch_sets_root() / PORTED_BACK)["patches"]}
+    for entry in series["patches"]:
+        if entry["name"] == WORKER:
+            entry["files"] = ours[WORKER]["files"]
+    shutil.copy(patch_sets_root() / PORTED_BACK / WORKER, source / WORKER)
+    (source / "series.yaml").write_text(yaml.safe_dump(series, sort_keys=False))
+    return port_patch_set(PORTED_BACK, root=root, wheel=wheel_path(PORTED_BACK))
+
+
+def test_port_0522_to_0521_fails_only_at_the_rewritten_worker_hunks(port_0522: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0522.failed}
+    assert failed == PORTED_BACK_FAILED
+    assert port_0522.candidate is None and port_0522.exit_code == 5
+
+
+def test_port_0522_to_0521_gates_are_the_reviewed_sets(port_0522: PortReport) -> None:
+    """The one site the port left unreviewed is the one the 0.5.21 set reviews new: the DFlash
+    request validation in the scheduler, whose method 0.5.22 renamed (`_handle_generate_request`)."""
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(port_0522, PORTED_BACK, BACKPORTED)
+    assert unreviewed == {
+        (
+            "sglang/srt/managers/scheduler.py",
+            "Scheduler.handle_generate_request",
+            "if self.spec_algorithm.is_dflash_family():",
+        )
+    }
+    assert {reviewed[k].disposition.value for k in unreviewed} == {"widened"}
+
+
+def test_port_0522_with_0521_worker_regenerates_the_reviewed_set(
+    port_0522_with_0521_worker: PortReport,
+) -> None:
+    """Every 0.5.22 patch but the worker ports to exactly the reviewed 0.5.21 diff, and the
+    rewritten worker comes back unchanged (so a change to the 0.5.22 set that 0.5.21's code shares
+    shows up here until 0.5.21 carries it)."""
+    _assert_regenerates_the_reviewed_set(port_0522_with_0521_worker, PORTED_BACK)
+
+
+# ---------------------------------------------------------------- 0.5.16 -> 0.5.17
+
+PORTED_0517 = "0.5.17"
+# The patches of the 0.5.16 set the 0.5.17 set rewrote (each then taken whole from the 0.5.17 set):
+# the ones with failing hunks, and 0004, whose hunks fit but whose helpers 0.5.17 needs changed
+# (a deep copy of the read-only server args, the draft runner's spec-bag scope, the grammar
+# refusal), as 0002 and 0007 also gained hunks for 0.5.17's new gates.
+REWRITTEN_0517 = (REWRITTEN_0516[1], WORKER, HELPERS, REWRITTEN_0516[3])
+# The 0.5.16 hunks 0.5.17's code no longer fits, each with the port's reason: the server-args
+# fields carry NS("spec") (0.5.17 publishes them into its config bags); the worker imports the
+# exec bag and the grammar and simulated-acceptance helpers, and masks a grammar over its chain
+# before the accept; the Mamba pools read the top-k from the spec bag.
+FAILED_0517 = {
+    (REWRITTEN_0517[0], "server_args.py", 1): "context line '] = None' does not match line 2027 "
+    "('NS(\"spec\"),') at the closest match (4 of 7 lines)",
+    (WORKER, "dflash_worker_v2.py", 1): "context line ')' does not match line 31 ('from "
+    "sglang.srt.server_args import ServerArgs') at the closest match (8 of 14 lines)",
+    (WORKER, "dflash_worker_v2.py", 11): "context line 'lm_head=lm_head,' does not match line 1649 "
+    "('draft_tokens[:, 1:].copy_(draft_next)') at the closest match (18 of 24 lines)",
+    (WORKER, "dflash_worker_v2.py", 12): "context line 'candidates = draft_tokens' does not match "
+    "line 1718 ('# Constrain every chain position before accept picks from it.') at the closest "
+    "match (6 of 12 lines)",
+    **{
+        (REWRITTEN_0517[3], "kv_cache_configurator.py", i): "removed line "
+        "'speculative_eagle_topk=self.server_args.speculative_eagle_topk,' is not in the file"
+        for i in (2, 3)
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def port_0516(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0516"), PORTED_0516)
+    return port_patch_set(PORTED_0517, root=root, wheel=wheel_path(PORTED_0517))
+
+
+@pytest.fixture(scope="module")
+def port_0516_with_0517_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.16 set with the reviewed 0.5.17 set's rewritten patches."""
+    base = tmp_path_factory.mktemp("p0516w")
+    return _port_with_rewrites(base, PORTED_0516, PORTED_0517, REWRITTEN_0517)
+
+
+def test_port_0516_to_0517_fails_only_at_the_rewritten_hunks(port_0516: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0516.failed}
+    assert failed == FAILED_0517
+    assert len(port_0516.hunks) == 40
+    assert port_0516.candidate is None and port_0516.exit_code == 5
+
+
+def test_port_0516_to_0517_gates_are_the_reviewed_sets(port_0516: PortReport) -> None:
+    """The 7 sites the port left unreviewed are the ones the 0.5.17 set reviews new: string gates
+    around the ReplaySSM spec-verify and lazy Mamba caching (covered: DDTREE joins DFLASH there),
+    grammar overlap, an NPU verify layout and two gates 0.5.17 rewrote (widened); the 3 lines
+    0002 and 0007 write there are reviewed covered."""
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(port_0516, PORTED_0517, PORTED_0516)
+    dispositions = [reviewed[k].disposition.value for k in unreviewed]
+    assert sorted(dispositions) == ["covered"] * 3 + ["widened"] * 4
+
+
+def test_port_0516_with_0517_rewrites_regenerates_the_reviewed_set(
+    port_0516_with_0517_rewrites: PortReport,
+) -> None:
+    """Every other 0.5.16 patch ports to exactly the reviewed 0.5.17 diff, and the rewritten ones
+    come back unchanged (so a change to the 0.5.16 set that 0.5.17's code shares shows up here
+    until 0.5.17 carries it)."""
+    _assert_regenerates_the_reviewed_set(port_0516_with_0517_rewrites, PORTED_0517)

@@ -1,8 +1,8 @@
-"""The DDTREE verify path every worker-v2 release promises (0.5.14 to 0.5.17, 0.5.22, 0.5.23),
-on CPU.
+"""The DDTREE verify path every worker-v2 release promises (0.5.14 to 0.5.17, 0.5.21 to
+0.5.23), on CPU.
 
 Each test runs against each release's real patched tree: the checks in its
-`v<release>/checks_<release>.py` (0.5.15 to 0.5.17: 0.5.14's; 0.5.22: 0.5.23's; the ones the
+`v<release>/checks_<release>.py` (0.5.15 to 0.5.17: 0.5.14's; 0.5.21 and 0.5.22: 0.5.23's; the ones the
 releases share come from `worker_v2_checks.py`)
 print JSON under the release's staging venv (conftest.py here), and the tests assert on it.
 A release's worker checks report the same keys, so one assertion holds both; what only one
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
 
-WORKER_V2_RELEASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.22", "0.5.23")
+WORKER_V2_RELEASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.21", "0.5.22", "0.5.23")
 
 
 WORKER = Path("sglang/srt/speculative/dflash_worker_v2.py")
@@ -78,6 +78,32 @@ def test_worker_hunks_use_only_names_the_release_has(
     pristine = pristine_root(release)
     assert _unset_worker_names(patched_root) <= _unset_worker_names(pristine)
     assert _undefined_names(patched_root / WORKER) <= _undefined_names(pristine / WORKER)
+
+
+def _scope_calls(path: Path) -> set[tuple[str, int, tuple[str, ...]]]:
+    """Every context a `with` in `path` enters through a call: (callee as written, positional
+    count, keyword names)."""
+    return {
+        (ast.unparse(item.context_expr.func), len(item.context_expr.args),
+         tuple(sorted(k.arg or "**" for k in item.context_expr.keywords)))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.With | ast.AsyncWith)
+        for item in node.items
+        if isinstance(item.context_expr, ast.Call)
+    }  # fmt: skip
+
+
+def test_worker_hunks_enter_scopes_as_the_release_does(
+    release: str, patched_root: Path, pristine_root: Callable[[str], Path]
+) -> None:
+    """A hunk that applies cleanly can still enter another release's scope the other release's
+    way: 0.5.22's tree-proposal hunk enters `draft_tp_context(self.draft_owns_attention)`, where
+    0.5.21's context takes the draft runner's TP group (through the worker's own
+    `self.draft_tp_context(group, owns_attention=...)`); on a GPU the flag would become the group.
+    Every scope the patched worker enters is entered as the pristine worker enters it, or is one
+    the patches add (`_draft_spec_scope`)."""
+    added = _scope_calls(patched_root / WORKER) - _scope_calls(pristine_root(release) / WORKER)
+    assert {callee for callee, _, _ in added} <= {"self._draft_spec_scope"}, added
 
 
 def test_patched_copy_is_the_one_imported(check: Callable[[str], dict]) -> None:
