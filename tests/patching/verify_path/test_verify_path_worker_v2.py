@@ -2,9 +2,8 @@
 0.5.23), on CPU.
 
 Each test runs against each release's real patched tree: the checks in its
-`v<release>/checks_<release>.py` (0.5.15 to 0.5.17: 0.5.14's; 0.5.21 and 0.5.22: 0.5.23's; the ones the
-releases share come from `worker_v2_checks.py`)
-print JSON under the release's staging venv (conftest.py here), and the tests assert on it.
+`v<release>/checks_<release>.py` (0.5.15 to 0.5.17: 0.5.14's; 0.5.21 and 0.5.22: 0.5.23's; the
+ones the releases share come from `worker_v2_checks.py`) print JSON under the release's staging venv (conftest.py here), and the tests assert on it.
 A release's worker checks report the same keys, so one assertion holds both; what only one
 release has is tested in its own test_verify_path_<release>.py. The backend refusal is checked
 through the real argument resolution (`sglang_args_probe`).
