@@ -9,7 +9,10 @@ a reviewed set has one for the same file, function and text; every other site is
 unreviewed. When every hunk applied, the report holds a `Candidate`: diffs regenerated with
 `difflib` against X's pristine files (so they apply with fuzz 0), and a `series.yaml` with
 `release: "==X"`, fresh hashes (checked against X's RECORD), the purposes copied and the gate
-list. `write_candidate` writes it for a person to review, all or nothing.
+list. `write_candidate` writes it for a person to review, all or nothing. When every hunk landed
+without fuzz and every gate site has a review, the candidate also holds `derived/series.yaml`:
+the same release as a derived set of the source (`base:`, its hashes only, reviews of the sites
+the base lacks), which a reviewer can ship instead of the regenerated copies.
 
 A candidate never installs by itself: it lives outside `patches/` (so `select_patch_set` never
 sees it), and its `disposition: unreviewed` gates keep `manifest.load_patch_set` from loading it
@@ -124,6 +127,7 @@ class Candidate:
     patches: tuple[CandidatePatch, ...]
     gates: tuple[PortedGate, ...]
     pristine: dict[PurePosixPath, bytes]  # the release's own bytes of every target file
+    derivable: bool = False  # no fuzz, every site reviewed, the source not derived itself
 
     def series_yaml(self) -> str:
         """`series.yaml` in the shipped sets' layout; strings are JSON-quoted (valid YAML)."""
@@ -136,19 +140,49 @@ class Candidate:
             f"release: {q('==' + self.release)}",
             f"package: {self.package}",
             "patches:",
+            *_patches_yaml(self.patches, purposes=True),
+            "gates:",
         ]
-        for patch in self.patches:
-            out += [f"  - name: {patch.name}", f"    purpose: {q(patch.purpose)}", "    files:"]
-            for file in patch.files:
-                out += [
-                    f"      - path: {file.path}",
-                    f"        sha256_before: {file.sha256_before}",
-                    f"        sha256_after: {file.sha256_after}",
-                ]
-        out.append("gates:")
         for gate in self.gates:
             out += _gate_yaml(gate, self.release)
         return "\n".join(out) + "\n"
+
+    def derived_series_yaml(self) -> str:
+        """The release as a derived set of the source: hashes, and the reviews it carried from
+        other sets (the base's own apply through `base:`)."""
+        out = [
+            "# DERIVED CANDIDATE written by `ddtree-deploy action=port`: every hunk of patch",
+            f"# set {self.source} lands on {self.release} without fuzz and every gate site has a",
+            f"# review, so this file alone, moved to patches/{self.package}/{self.release}/,",
+            f"# serves it with {self.source}'s diffs; review it as the candidate beside it.",
+            f"release: {json.dumps('==' + self.release)}",
+            f"package: {self.package}",
+            f"base: {json.dumps(self.source)}",
+            "patches:",
+            *_patches_yaml(self.patches, purposes=False),
+        ]
+        own = [g for g in self.gates if g.carried_from != self.source]
+        out.append("gates:" if own else "gates: []")
+        for gate in own:
+            out += _gate_yaml(gate, self.release)
+        return "\n".join(out) + "\n"
+
+
+def _patches_yaml(patches: tuple[CandidatePatch, ...], *, purposes: bool) -> list[str]:
+    """The `patches:` entries (a derived set takes its base's purposes, so it names none)."""
+    out = []
+    for patch in patches:
+        out.append(f"  - name: {patch.name}")
+        if purposes:
+            out.append(f"    purpose: {json.dumps(patch.purpose)}")
+        out.append("    files:")
+        for file in patch.files:
+            out += [
+                f"      - path: {file.path}",
+                f"        sha256_before: {file.sha256_before}",
+                f"        sha256_after: {file.sha256_after}",
+            ]
+    return out
 
 
 @dataclass(frozen=True)
@@ -259,8 +293,13 @@ def port_patch_set(
     candidate = None
     if ok:
         _check_record(pristine, record, release)
+        derivable = (
+            source.base is None
+            and not any(h.fit.fuzz for h in report_hunks)
+            and all(g.reviewed for g in gates)
+        )
         candidate = Candidate(
-            release, source.package, source.name, tuple(regenerated), gates, pristine
+            release, source.package, source.name, tuple(regenerated), gates, pristine, derivable
         )
     return PortReport(
         release, files.wheel, source.name, why, report_hunks, gates, dropped, unparsed, candidate
@@ -375,6 +414,11 @@ def write_candidate(candidate: Candidate, dest: Path) -> Path:
                 patch.text, encoding="utf-8", errors="surrogateescape"
             )
         (staging / "series.yaml").write_text(candidate.series_yaml(), encoding="utf-8")
+        if candidate.derivable:  # its hashes are the candidate's, which the check covers
+            (staging / "derived").mkdir()
+            (staging / "derived" / "series.yaml").write_text(
+                candidate.derived_series_yaml(), encoding="utf-8"
+            )
         _check_candidate(candidate, staging)
         staging.rename(dest)
     except BaseException:

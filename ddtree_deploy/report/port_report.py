@@ -48,10 +48,16 @@ def verdict(report: PortReport, candidate_dir: Path | None) -> str:
             f"not apply to SGLang {report.release}; no candidate was written: port those hunks "
             "by hand."
         )
+    derived = (
+        f" (no fuzz and no new site: {candidate_dir}/derived/series.yaml serves it as a set "
+        f"derived from {report.source}, hashes only)"
+        if report.candidate is not None and report.candidate.derivable
+        else ""
+    )
     return (
         f"All {len(report.hunks)} hunks of patch set {report.source} apply to SGLang "
-        f"{report.release}; candidate in {candidate_dir}: review it and its {unreviewed} "
-        "unreviewed gate sites before it may serve a release."
+        f"{report.release}; candidate in {candidate_dir}{derived}: review it and its "
+        f"{unreviewed} unreviewed gate sites before it may serve a release."
     )
 
 

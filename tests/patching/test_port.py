@@ -780,6 +780,29 @@ def test_port_0522_with_0521_worker_regenerates_the_reviewed_set(
     _assert_regenerates_the_reviewed_set(port_0522_with_0521_worker, PORTED_BACK)
 
 
+# ---------------------------------------------------------------- 0.5.15 -> 0.5.15.post1 (derived)
+
+
+def test_port_to_a_post_release_writes_the_shipped_derived_set(tmp_path: Path) -> None:
+    """Every 0.5.15 hunk lands on 0.5.15.post1 without fuzz (one at an offset) and every gate site
+    has a review, so the candidate also holds the release as a derived set; beside the 0.5.15 set
+    it loads as the shipped 0.5.15.post1 set does: its base, its hashes, no review of its own."""
+    root = _shipped_root(tmp_path, "0.5.15")
+    report = port_patch_set("0.5.15.post1", root=root, wheel=wheel_path("0.5.15.post1"))
+    assert report.candidate is not None and report.candidate.derivable
+    assert {h.status for h in report.hunks} == {HunkStatus.applied, HunkStatus.offset}
+    written = write_candidate(report.candidate, tmp_path / "candidate")
+    (root / "0.5.15.post1").mkdir()
+    shutil.copy(written / "derived" / "series.yaml", root / "0.5.15.post1" / "series.yaml")
+    ported = load_patch_set(root / "0.5.15.post1")
+    shipped = load_patch_set(patch_sets_root() / "0.5.15.post1")
+    assert (ported.base, ported.release) == (shipped.base, shipped.release)
+    assert [(p.name, p.files, p.diff_path.name) for p in ported.patches] == [
+        (p.name, p.files, p.diff_path.name) for p in shipped.patches
+    ]
+    assert ported.gates == shipped.gates
+
+
 # ---------------------------------------------------------------- 0.5.16 -> 0.5.17
 
 PORTED_0517 = "0.5.17"
