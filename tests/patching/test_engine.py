@@ -260,10 +260,11 @@ def test_0515_sets_serve_0515_and_its_post1_each() -> None:
 
 
 def test_0522_set_serves_0522_only() -> None:
-    # 0.5.22's set is 0.5.23's ported back; neither pin stretches to the other release, a post
-    # release or the releases between 0.5.15 and 0.5.22 (0.5.16 to 0.5.21 have no set yet).
-    assert select_patch_set("0.5.22").name == "0.5.22"
-    assert select_patch_set("0.5.23").name == "0.5.23"
-    for other in ("0.5.22.post1", "0.5.22rc1", "0.5.21"):
+    # 0.5.22's set is 0.5.23's ported back and 0.5.21's is 0.5.22's; no pin stretches to a
+    # neighbour, a post release or the releases between 0.5.15 and 0.5.21 (0.5.16 to 0.5.20
+    # have no set yet).
+    for release in ("0.5.21", "0.5.22", "0.5.23"):
+        assert select_patch_set(release).name == release
+    for other in ("0.5.22.post1", "0.5.22rc1", "0.5.21.post1", "0.5.21rc1", "0.5.20"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)

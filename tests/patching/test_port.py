@@ -1,11 +1,11 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
-the 0.5.14 set to 0.5.15, and the 0.5.23 set back to 0.5.22.
+the 0.5.14 set to 0.5.15, the 0.5.23 set back to 0.5.22 and the 0.5.22 set back to 0.5.21.
 
-This is how the reviewed 0.5.12, 0.5.15 and 0.5.22 sets (patches/sglang/0.5.12/, 0.5.15/,
-0.5.22/) began; since they shipped, these tests port from a sets root holding the shipped source
-set alone, so they keep exercising a real port. The 0.5.15 and 0.5.22 ones hold the reviewed set
-to that port: it fails exactly at the hunks the reviewed set rewrote, and with those patches
-taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
+This is how the reviewed 0.5.12, 0.5.15, 0.5.22 and 0.5.21 sets (patches/sglang/0.5.12/, 0.5.15/,
+0.5.22/, 0.5.21/) began; since they shipped, these tests port from a sets root holding the shipped
+source set alone, so they keep exercising a real port. The 0.5.15, 0.5.22 and 0.5.21 ones hold the
+reviewed set to that port: it fails exactly at the hunks the reviewed set rewrote, and with those
+patches taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
 
 The whole 0.5.11 set does not port to 0.5.12: 0.5.12 dropped the server-args `choices=[...]`
 list and the `speculative_dflash_draft_window_size` field, and rewrote the DFlash acceptance in
@@ -313,7 +313,7 @@ def test_patch_without_set_points_to_port(
     ("release", "chosen", "phrase"),
     [
         ("0.5.15.post1", "0.5.15", "newest reviewed set"),
-        ("0.5.21", "0.5.15", "newest reviewed set"),  # by the rule: 0.5.22 is above it
+        ("0.5.20", "0.5.15", "newest reviewed set"),  # by the rule: 0.5.21 is above it
         ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
@@ -412,6 +412,43 @@ def _gate_key(gate: Any) -> tuple[str, str, str]:
     return (str(gate.file), gate.function, gate.text)
 
 
+def _assert_gates_are_the_reviewed_sets(
+    port: PortReport, release: str, source: str
+) -> tuple[set[tuple[str, str, str]], dict[tuple[str, str, str], Any]]:
+    """The sites the port of `source` left unreviewed are the ones `release`'s set reviews new,
+    every review carried over keeps its disposition, and the reviews left behind are the sites
+    `release` no longer has (plus, since hunks failed and the port scanned no patched text, those
+    of the lines the patches write, which `release`'s set reviews). Returns the unreviewed keys
+    and `release`'s reviews, for what each port adds."""
+    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / release).gates}
+    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / source).gates}
+    unreviewed = {_gate_key(g.site) for g in port.unreviewed}
+    assert unreviewed == {k for k in reviewed if k not in shipped}
+    for gate in port.gates:
+        if gate.review is not None:
+            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
+    dropped = {_gate_key(r) for r in port.dropped_reviews}
+    gone = shipped - set(reviewed)
+    assert gone and gone <= dropped
+    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
+    return unreviewed, reviewed
+
+
+def _assert_regenerates_the_reviewed_set(port: PortReport, release: str) -> None:
+    """The port's candidate is `release`'s reviewed set: patch names, hashes, diffs, gates."""
+    candidate = port.candidate
+    assert candidate is not None and not port.failed
+    reviewed = load_patch_set(patch_sets_root() / release)
+    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
+    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
+        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
+            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
+        ], made.name
+        assert made.text == shipped.diff_path.read_text(), made.name
+    ported = {_gate_key(g.site): g.review for g in candidate.gates}
+    assert set(ported) == {_gate_key(g) for g in reviewed.gates}
+
+
 @pytest.fixture(scope="module")
 def port_0514(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
     root = _shipped_root(tmp_path_factory.mktemp("p0514"), "0.5.14")
@@ -441,19 +478,9 @@ def test_port_0514_to_0515_gates_are_the_reviewed_sets(port_0514: PortReport) ->
     unreviewed there), every review carried over keeps its disposition, and the reviews left
     behind are the sites 0.5.15 no longer has (plus, since hunks failed and the port scanned no
     patched text, those of the lines the patches write, which the 0.5.15 set reviews)."""
-    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / PORTED).gates}
-    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.14").gates}
-    unreviewed = {_gate_key(g.site) for g in port_0514.unreviewed}
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(port_0514, PORTED, "0.5.14")
     assert len(unreviewed) == 4
-    assert unreviewed == {k for k in reviewed if k not in shipped}
     assert {reviewed[k].disposition.value for k in unreviewed} == {"widened"}
-    for gate in port_0514.gates:
-        if gate.review is not None:
-            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
-    dropped = {_gate_key(r) for r in port_0514.dropped_reviews}
-    gone = shipped - set(reviewed)
-    assert gone and gone <= dropped
-    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
 
 
 def test_port_0514_with_0515_worker_regenerates_the_reviewed_set(
@@ -461,17 +488,7 @@ def test_port_0514_with_0515_worker_regenerates_the_reviewed_set(
 ) -> None:
     """Every other 0.5.14 patch ports to exactly the reviewed 0.5.15 diff (so a change to the
     0.5.14 set that 0.5.15's code shares shows up here until 0.5.15 carries it)."""
-    candidate = port_0514_with_0515_worker.candidate
-    assert candidate is not None
-    reviewed = load_patch_set(patch_sets_root() / PORTED)
-    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
-    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
-        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
-            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
-        ], made.name
-        assert made.text == shipped.diff_path.read_text(), made.name
-    ported = {_gate_key(g.site): g.review for g in candidate.gates}
-    assert set(ported) == {_gate_key(g) for g in reviewed.gates}
+    _assert_regenerates_the_reviewed_set(port_0514_with_0515_worker, PORTED)
 
 
 # ---------------------------------------------------------------- 0.5.23 -> 0.5.22 (backwards)
@@ -541,21 +558,11 @@ def test_port_0523_to_0522_gates_are_the_reviewed_sets(port_0523: PortReport) ->
     whose line 0.5.23 wraps, and DeepSeek-V4's prefill snapshot, gone by 0.5.23), every review
     carried over keeps its disposition, and the reviews left behind are the sites 0.5.22 does not
     have (plus the lines the failed hunks would have written)."""
-    reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / BACKPORTED).gates}
-    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / "0.5.23").gates}
-    unreviewed = {_gate_key(g.site) for g in port_0523.unreviewed}
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(port_0523, BACKPORTED, "0.5.23")
     assert {key[0].rsplit("/", 1)[1] for key in unreviewed} == {
         "ascend_backend.py", "deepseek_v4_backend.py",
     }  # fmt: skip
-    assert unreviewed == {k for k in reviewed if k not in shipped}
     assert {reviewed[k].disposition.value for k in unreviewed} == {"widened"}
-    for gate in port_0523.gates:
-        if gate.review is not None:
-            assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
-    dropped = {_gate_key(r) for r in port_0523.dropped_reviews}
-    gone = shipped - set(reviewed)
-    assert gone and gone <= dropped
-    assert all(k in reviewed and "DDTREE" in k[2] for k in dropped - gone)
 
 
 def test_port_0523_with_0522_rewrites_regenerates_the_reviewed_set(
@@ -564,14 +571,80 @@ def test_port_0523_with_0522_rewrites_regenerates_the_reviewed_set(
     """0.5.23's 0002 and 0005 port to exactly the reviewed 0.5.22 diffs, and the rewritten ones
     come back unchanged (so a change to the 0.5.23 set that 0.5.22's code shares shows up here
     until 0.5.22 carries it)."""
-    candidate = port_0523_with_0522_rewrites.candidate
-    assert candidate is not None and not port_0523_with_0522_rewrites.failed
-    reviewed = load_patch_set(patch_sets_root() / BACKPORTED)
-    assert [p.name for p in candidate.patches] == [p.name for p in reviewed.patches]
-    for made, shipped in zip(candidate.patches, reviewed.patches, strict=True):
-        assert [(f.path, f.sha256_before, f.sha256_after) for f in made.files] == [
-            (f.path, f.sha256_before, f.sha256_after) for f in shipped.files
-        ], made.name
-        assert made.text == shipped.diff_path.read_text(), made.name
-    ported = {_gate_key(g.site): g.review for g in candidate.gates}
-    assert set(ported) == {_gate_key(g) for g in reviewed.gates}
+    _assert_regenerates_the_reviewed_set(port_0523_with_0522_rewrites, BACKPORTED)
+
+
+# ---------------------------------------------------------------- 0.5.22 -> 0.5.21 (backwards)
+
+PORTED_BACK = "0.5.21"
+# 0.5.22's worker hunks whose context 0.5.21 lacks, each with why it failed: 0.5.21 enters the
+# draft's TP scope through its own `self.draft_tp_context(group, owns_attention=...)` (0.5.22:
+# `draft_tp_context(self.draft_owns_attention)`, the flag read from `attn_dp_enabled`), plans no
+# KV window (no `kv_loc_plan`) and captures no sampling mask (it refuses return_sampling_mask
+# with speculative decoding). The worker patch also rewrote one hunk that applies: 14, the tree
+# proposal, entered 0.5.22's `draft_tp_context(flag)`, which 0.5.21's context takes as its group
+# (test_verify_path_worker_v2's name check and checks_0523's worker doubles hold that); and the
+# accept hunk (18) keeps 0.5.21's `target_predict` and runs SGLANG_SIMULATE_ACC_LEN's forced
+# chain acceptance for DFLASH only, as 0.5.22 does inside `_accept_block`.
+PORTED_BACK_FAILED = {
+    (WORKER, "dflash_worker_v2.py", 3): "context line "
+    "'self.draft_owns_attention = get_parallel().attn_dp_enabled' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 7): "context line "
+    "'draft_tp_context(self.draft_owns_attention),' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 8): "context line "
+    "'draft_tp_context(self.draft_owns_attention),' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 15): "removed line 'kv_loc_plan=kv_loc_plan,' is not in "
+    "the file",
+    (WORKER, "dflash_worker_v2.py", 18): "context line "
+    "'sampling_mask_capture = SpeculativeSamplingMaskCapture.from_logits(' is not in the file",
+}
+
+
+@pytest.fixture(scope="module")
+def port_0522(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0522"), BACKPORTED)
+    return port_patch_set(PORTED_BACK, root=root, wheel=wheel_path(PORTED_BACK))
+
+
+@pytest.fixture(scope="module")
+def port_0522_with_0521_worker(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.22 set with the reviewed 0.5.21 set's worker diff (and its hashes)."""
+    root = _shipped_root(tmp_path_factory.mktemp("p0522w"), BACKPORTED)
+    source = root / BACKPORTED
+    series = _series(source)
+    ours = {p["name"]: p for p in _series(patch_sets_root() / PORTED_BACK)["patches"]}
+    for entry in series["patches"]:
+        if entry["name"] == WORKER:
+            entry["files"] = ours[WORKER]["files"]
+    shutil.copy(patch_sets_root() / PORTED_BACK / WORKER, source / WORKER)
+    (source / "series.yaml").write_text(yaml.safe_dump(series, sort_keys=False))
+    return port_patch_set(PORTED_BACK, root=root, wheel=wheel_path(PORTED_BACK))
+
+
+def test_port_0522_to_0521_fails_only_at_the_rewritten_worker_hunks(port_0522: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0522.failed}
+    assert failed == PORTED_BACK_FAILED
+    assert port_0522.candidate is None and port_0522.exit_code == 5
+
+
+def test_port_0522_to_0521_gates_are_the_reviewed_sets(port_0522: PortReport) -> None:
+    """The one site the port left unreviewed is the one the 0.5.21 set reviews new: the DFlash
+    request validation in the scheduler, whose method 0.5.22 renamed (`_handle_generate_request`)."""
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(port_0522, PORTED_BACK, BACKPORTED)
+    assert unreviewed == {
+        (
+            "sglang/srt/managers/scheduler.py",
+            "Scheduler.handle_generate_request",
+            "if self.spec_algorithm.is_dflash_family():",
+        )
+    }
+    assert {reviewed[k].disposition.value for k in unreviewed} == {"widened"}
+
+
+def test_port_0522_with_0521_worker_regenerates_the_reviewed_set(
+    port_0522_with_0521_worker: PortReport,
+) -> None:
+    """Every 0.5.22 patch but the worker ports to exactly the reviewed 0.5.21 diff, and the
+    rewritten worker comes back unchanged (so a change to the 0.5.22 set that 0.5.21's code shares
+    shows up here until 0.5.21 carries it)."""
+    _assert_regenerates_the_reviewed_set(port_0522_with_0521_worker, PORTED_BACK)

@@ -40,6 +40,7 @@ REGISTRY_RELEASES = (
     "0.5.14",
     "0.5.15",
     "0.5.15.post1",
+    "0.5.21",
     "0.5.22",
     "0.5.23",
 )
@@ -68,6 +69,7 @@ except TypeError as e:
     out["stale"] = str(e)
 print("@@RESULT@@" + json.dumps(out))
 """
+
 
 def _child(python: Path, code: str, site: Path, *args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
