@@ -260,11 +260,14 @@ def test_0515_sets_serve_0515_and_its_post1_each() -> None:
 
 
 def test_0522_set_serves_0522_only() -> None:
-    # 0.5.22's set is 0.5.23's ported back and 0.5.21's is 0.5.22's; no pin stretches to a
-    # neighbour, a post release or the releases between 0.5.15 and 0.5.21 (0.5.16 to 0.5.20
-    # have no set yet).
-    for release in ("0.5.21", "0.5.22", "0.5.23"):
+    # 0.5.22's set is 0.5.23's ported back, 0.5.21's is 0.5.22's and 0.5.20's is 0.5.21's; no
+    # pin stretches to a neighbour, a post release or the releases between 0.5.15 and 0.5.20
+    # (0.5.16 to 0.5.19 have no set yet).
+    for release in ("0.5.20", "0.5.21", "0.5.22", "0.5.23"):
         assert select_patch_set(release).name == release
-    for other in ("0.5.22.post1", "0.5.22rc1", "0.5.21.post1", "0.5.21rc1", "0.5.20"):
+    for other in (
+        "0.5.22.post1", "0.5.22rc1", "0.5.21.post1", "0.5.21rc1", "0.5.20.post1", "0.5.20rc1",
+        "0.5.19",
+    ):  # fmt: skip
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
