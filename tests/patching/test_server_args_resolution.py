@@ -11,8 +11,8 @@ its staging venv (CPU): the patched modules import, DDTREE gets every setting DF
 DFLASH resolves exactly as it does on the pristine files. Without the staging venv the test
 skips (fails under DDTREE_REQUIRE_STAGING=1).
 
-0.5.22's and 0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/:
-the same `compare`, on CUDA with flashinfer, as both serve DDTREE on CUDA only), so they are not
+0.5.20's to 0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/:
+the same `compare`, on CUDA with flashinfer, as they serve DDTREE on CUDA only), so they are not
 listed here.
 """
 
