@@ -299,7 +299,7 @@ def test_patch_without_set_points_to_port(
     code = main(
         [
             "action=patch",
-            "sglang.version=0.5.15.post1",
+            "sglang.version=0.5.17",
             f"host.sglang_venv={tmp_path / 'venv'}",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
@@ -307,14 +307,14 @@ def test_patch_without_set_points_to_port(
     )
     err = capsys.readouterr().err
     assert code == 5
-    assert "run `ddtree-deploy action=port sglang.version=0.5.15.post1`" in err
+    assert "run `ddtree-deploy action=port sglang.version=0.5.17`" in err
     assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.parametrize(
     ("release", "chosen", "phrase"),
     [
-        ("0.5.15.post1", "0.5.15", "newest reviewed set"),
+        ("0.5.15.post2", "0.5.15.post1", "newest reviewed set"),
         ("0.5.19", "0.5.15.post1", "newest reviewed set"),  # by the rule: 0.5.20 is above it
         ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
