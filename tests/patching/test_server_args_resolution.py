@@ -12,8 +12,8 @@ DFLASH resolves exactly as it does on the pristine files. Without the staging ve
 skips (fails under DDTREE_REQUIRE_STAGING=1).
 
 0.5.20's to 0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/:
-the same `compare`, on CUDA with flashinfer, as they serve DDTREE on CUDA only), so they are not
-listed here.
+the same `compare`, on CUDA with flashinfer, as all four serve DDTREE on CUDA only), so they are
+not listed here.
 """
 
 from __future__ import annotations

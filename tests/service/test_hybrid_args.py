@@ -5,11 +5,12 @@ radix cache is on; the units rendered for the CT hosts once carried nothing abou
 linear-DFlash baseline could never start. 0.5.14 and 0.5.15 (spec-v2 worker) no longer refuse:
 with the radix cache on they switch the mamba cache to the extra_buffer strategy, which needs CUDA
 (FLA) and is not proven with DFLASH or DDTREE on a GPU yet, so their units keep the radix cache
-off too. 0.5.20 to 0.5.23 pick extra_buffer the same way (0.5.20 needs FLA for it, 0.5.21 on their
-platform's Mamba state snapshots), so their units keep it off as well (0.5.23's once started with it on).
+off too. 0.5.20 and 0.5.21 (FLA again), 0.5.22 and 0.5.23 (their platform's Mamba state snapshots)
+pick extra_buffer the same way, so their units keep it off as well (0.5.23's once started with it
+on).
 These tests resolve the rendered argv with the release's own `prepare_server_args` (staging venv,
-CPU; 0.5.20 to 0.5.23 serve DFLASH on CUDA, NPU or XPU only, so their argv names CUDA, which resolves on a
-CPU).
+CPU; 0.5.20 to 0.5.23 serve DFLASH on CUDA, NPU or XPU only, so their argv names CUDA, which
+resolves on a CPU).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ WITH_RADIX_CACHE = {
     "0.5.14": "extra_buffer needs CUDA/MUSA/NPU (FLA)",  # the strategy it picks instead
     "0.5.15": "extra_buffer needs CUDA/MUSA/NPU (FLA)",
     "0.5.20": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
-    "0.5.21": "extra_buffer requires platform support for Mamba cache state snapshots",
+    "0.5.21": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
     "0.5.22": "extra_buffer requires platform support for Mamba cache state snapshots",
     "0.5.23": "extra_buffer requires platform support for Mamba cache state snapshots",
 }

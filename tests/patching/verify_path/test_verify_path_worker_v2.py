@@ -80,6 +80,32 @@ def test_worker_hunks_use_only_names_the_release_has(
     assert _undefined_names(patched_root / WORKER) <= _undefined_names(pristine / WORKER)
 
 
+def _scope_calls(path: Path) -> set[tuple[str, int, tuple[str, ...]]]:
+    """Every context a `with` in `path` enters through a call: (callee as written, positional
+    count, keyword names)."""
+    return {
+        (ast.unparse(item.context_expr.func), len(item.context_expr.args),
+         tuple(sorted(k.arg or "**" for k in item.context_expr.keywords)))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.With | ast.AsyncWith)
+        for item in node.items
+        if isinstance(item.context_expr, ast.Call)
+    }  # fmt: skip
+
+
+def test_worker_hunks_enter_scopes_as_the_release_does(
+    release: str, patched_root: Path, pristine_root: Callable[[str], Path]
+) -> None:
+    """A hunk that applies cleanly can still enter another release's scope the other release's
+    way: 0.5.22's tree-proposal hunk enters `draft_tp_context(self.draft_owns_attention)`, where
+    0.5.21's context takes the draft runner's TP group (through the worker's own
+    `self.draft_tp_context(group, owns_attention=...)`); on a GPU the flag would become the group.
+    Every scope the patched worker enters is entered as the pristine worker enters it, or is one
+    the patches add (`_draft_spec_scope`)."""
+    added = _scope_calls(patched_root / WORKER) - _scope_calls(pristine_root(release) / WORKER)
+    assert {callee for callee, _, _ in added} <= {"self._draft_spec_scope"}, added
+
+
 def test_patched_copy_is_the_one_imported(check: Callable[[str], dict]) -> None:
     r = check("verify_input_type")
     assert r["is_dflash_verify_input"] and r["spec_input_type_dflash_verify"]
