@@ -78,7 +78,18 @@ def test_compose_local_paths_follow_ddtree_deploy_home(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("budget", [31, 63])
 @pytest.mark.parametrize(
     "sglang",
-    ["v0_5_11", "v0_5_12", "v0_5_13", "v0_5_14", "v0_5_15", "v0_5_16", "v0_5_21", "v0_5_22", "v0_5_23"],
+    [
+        "v0_5_11",
+        "v0_5_12",
+        "v0_5_13",
+        "v0_5_14",
+        "v0_5_15",
+        "v0_5_16",
+        "v0_5_20",
+        "v0_5_21",
+        "v0_5_22",
+        "v0_5_23",
+    ],
 )
 def test_compose_takes_wide_tree_budgets_on_a_release_that_verifies_them(
     sglang: str, budget: int
