@@ -1,11 +1,11 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
-the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, the 0.5.16 set to 0.5.17, the 0.5.23 set back
-to 0.5.22 and the 0.5.22 set back to 0.5.21.
+the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, the 0.5.16 set to 0.5.17, and the 0.5.23 set
+back to 0.5.22, 0.5.22's to 0.5.21 and 0.5.21's to 0.5.20.
 
-This is how the reviewed 0.5.12, 0.5.15, 0.5.16, 0.5.17, 0.5.21 and 0.5.22 sets
+This is how the reviewed 0.5.12, 0.5.15 to 0.5.17 and 0.5.20 to 0.5.22 sets
 (patches/sglang/<release>/) began; since they shipped, these tests port from a sets root holding
-the shipped source set alone, so they keep exercising a real port. The 0.5.15 to 0.5.17, 0.5.21
-and 0.5.22 ones hold the
+the shipped source set alone, so they keep exercising a real port. The 0.5.15 to 0.5.17 and
+0.5.20 to 0.5.22 ones hold the
 reviewed set to that port: it fails exactly at the hunks the reviewed set rewrote, and with those
 patches taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
 
@@ -316,7 +316,7 @@ def test_patch_without_set_points_to_port(
     [
         # 0.5.15.post1 has its own (derived) set now.
         ("0.5.15.post2", "0.5.15.post1", "newest reviewed set"),
-        ("0.5.20", "0.5.17", "newest reviewed set"),  # by the rule: 0.5.21 is above it
+        ("0.5.19", "0.5.17", "newest reviewed set"),  # by the rule: 0.5.20 is above it
         ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
@@ -416,20 +416,22 @@ def _gate_key(gate: Any) -> tuple[str, str, str]:
 
 
 def _assert_gates_are_the_reviewed_sets(
-    port: PortReport, release: str, source: str
+    port: PortReport,
+    release: str,
+    source: str,
+    written: frozenset[tuple[str, str, str]] = frozenset(),
 ) -> tuple[set[tuple[str, str, str]], dict[tuple[str, str, str], Any]]:
     """The sites the port of `source` left unreviewed are the ones `release`'s set reviews new,
     every review carried over keeps its disposition, and the reviews left behind are the sites
     `release` no longer has (plus, since hunks failed and the port scanned no patched text, those
-    of the lines the patches write, which `release`'s set reviews). Returns the unreviewed keys
+    of the lines the patches write, which `release`'s set reviews). `written`: the new sites only
+    a rewritten hunk writes, which the failed port could not see. Returns the unreviewed keys
     and `release`'s reviews, for what each port adds."""
     reviewed = {_gate_key(g): g for g in load_patch_set(patch_sets_root() / release).gates}
     shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / source).gates}
     unreviewed = {_gate_key(g.site) for g in port.unreviewed}
-    new = {k for k in reviewed if k not in shipped}
-    assert unreviewed == {k for k in new if "DDTREE" not in k[2]}
-    # Lines the patches write (DDTREE in them), new where a hunk had to be rewritten: covered.
-    assert {reviewed[k].disposition.value for k in new - unreviewed} <= {"covered"}
+    assert unreviewed.isdisjoint(written)
+    assert unreviewed | written == {k for k in reviewed if k not in shipped}
     for gate in port.gates:
         if gate.review is not None:
             assert reviewed[_gate_key(gate.site)].disposition is gate.review.disposition
@@ -780,6 +782,105 @@ def test_port_0522_with_0521_worker_regenerates_the_reviewed_set(
     _assert_regenerates_the_reviewed_set(port_0522_with_0521_worker, PORTED_BACK)
 
 
+# ---------------------------------------------------------------- 0.5.21 -> 0.5.20 (backwards)
+
+SIGNATURE_PS = "0.5.20"  # the last release whose DFlashWorkerV2.__init__ takes `ps`
+SERVER_ARGS = "0002-server-args-ddtree.patch"
+ENUM = "0001-spec-info-ddtree-enum.patch"
+# 0.5.21's hunks whose context 0.5.20 lacks, each with why it failed: 0.5.20's replay-SSM refusal
+# asks kimi_linear_config() (0.5.21: self.hybrid_kda_config); its draft-window warning lists
+# ("EAGLE3", "DFLASH") (0.5.21 adds EAGLE) and its DFLASH device check names no `algorithm`
+# (0.5.21's platform hook does); its worker, which still takes `ps`, enters no draft_pp_context
+# and passes the draft runner's TP group alone to its own `self.draft_tp_context` (0.5.21 adds
+# `owns_attention=`), and has no LiLiCorr head to branch past. The worker patch also rewrote two
+# hunks that apply: 6 (`_init_ddtree`) refused LiLiCorr drafts through `self.lilicorr`, which
+# 0.5.20's worker never sets (test_verify_path_worker_v2's name check holds that), and 8 (the
+# hybrid tree links) only fuzzed.
+PS_FAILED = {
+    (ENUM, "kv_cache_configurator.py", 1): "context line "
+    "'and self.hybrid_kda_config is None' is not in the file",
+    (SERVER_ARGS, "speculative_hook.py", 1): "removed line "
+    '\'if cfg.speculative_algorithm not in ("EAGLE", "EAGLE3", "DFLASH"):\' is not in the file',
+    (SERVER_ARGS, "speculative_hook.py", 2): "removed line 'algorithm = \"DFLASH\"' is not in the "
+    "file",
+    (WORKER, "dflash_worker_v2.py", 3): "removed line "
+    "'with draft_pp_context(), draft_init_ctx:' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 7): "context line "
+    "'self.draft_model_runner.tp_group,' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 9): "context line "
+    "'self.draft_model_runner.tp_group,' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 15): "context line "
+    "'if lilicorr_q_rows is not None and not _is_all_greedy(batch.sampling_info):' is not in "
+    "the file",
+}
+PS_REWRITTEN = sorted({patch for patch, _, _ in PS_FAILED})
+# The draft-window warning's line as 0002 writes it for 0.5.20: a new site only the rewritten
+# hunk writes, so the failed port never scanned it.
+PS_WRITTEN = frozenset(
+    {
+        (
+            "sglang/srt/arg_groups/speculative_hook.py",
+            "handle_speculative_decoding",
+            'if cfg.speculative_algorithm not in ("EAGLE3", "DFLASH", "DDTREE"):',
+        )
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def port_0521(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0521"), PORTED_BACK)
+    return port_patch_set(SIGNATURE_PS, root=root, wheel=wheel_path(SIGNATURE_PS))
+
+
+@pytest.fixture(scope="module")
+def port_0521_with_0520_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.21 set with the reviewed 0.5.20 set's rewritten patches. Every patch takes
+    0.5.20's file hashes: the rewritten 0001 and 0002 share a file with 0006 and 0005, whose
+    pre-images must be what the rewritten patches leave."""
+    root = _shipped_root(tmp_path_factory.mktemp("p0521r"), PORTED_BACK)
+    source = root / PORTED_BACK
+    series = _series(source)
+    ours = {p["name"]: p for p in _series(patch_sets_root() / SIGNATURE_PS)["patches"]}
+    for entry in series["patches"]:
+        entry["files"] = ours[entry["name"]]["files"]
+        if entry["name"] in PS_REWRITTEN:
+            shutil.copy(patch_sets_root() / SIGNATURE_PS / entry["name"], source / entry["name"])
+    (source / "series.yaml").write_text(yaml.safe_dump(series, sort_keys=False))
+    return port_patch_set(SIGNATURE_PS, root=root, wheel=wheel_path(SIGNATURE_PS))
+
+
+def test_port_0521_to_0520_fails_only_at_the_rewritten_hunks(port_0521: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0521.failed}
+    assert failed == PS_FAILED
+    assert port_0521.candidate is None and port_0521.exit_code == 5
+
+
+def test_port_0521_to_0520_gates_are_the_reviewed_sets(port_0521: PortReport) -> None:
+    """The sites the port left unreviewed are the four the 0.5.20 set reviews new, where 0.5.21
+    writes the test otherwise: the draft-window warning (0002 adds DDTREE to it), an NPU replay
+    copy 0.5.21 splits in two, the draft runner's input-embeds copy, and the prefill read-done
+    fastpath 0.5.21 moves into SpeculativeAlgorithm."""
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(
+        port_0521, SIGNATURE_PS, PORTED_BACK, PS_WRITTEN
+    )
+    assert {key[0].rsplit("/", 1)[1] for key in unreviewed} == {
+        "speculative_hook.py", "npu_graph_runner.py", "decode_cuda_graph_runner.py",
+        "shared_read_event.py",
+    }  # fmt: skip
+    assert {reviewed[k].disposition.value for k in unreviewed} == {"covered", "widened"}
+    assert {reviewed[k].disposition.value for k in PS_WRITTEN} == {"covered"}
+
+
+def test_port_0521_with_0520_rewrites_regenerates_the_reviewed_set(
+    port_0521_with_0520_rewrites: PortReport,
+) -> None:
+    """0.5.21's 0004 to 0006 port to exactly the reviewed 0.5.20 diffs, and the rewritten ones
+    come back unchanged (so a change to the 0.5.21 set that 0.5.20's code shares shows up here
+    until 0.5.20 carries it)."""
+    _assert_regenerates_the_reviewed_set(port_0521_with_0520_rewrites, SIGNATURE_PS)
+
+
 # ---------------------------------------------------------------- 0.5.15 -> 0.5.15.post1 (derived)
 
 
@@ -806,6 +907,7 @@ def test_port_to_a_post_release_writes_the_shipped_derived_set(tmp_path: Path) -
 # ---------------------------------------------------------------- 0.5.16 -> 0.5.17
 
 PORTED_0517 = "0.5.17"
+_SERVER_ARGS_PY = "sglang/srt/server_args.py"
 # The patches of the 0.5.16 set the 0.5.17 set rewrote (each then taken whole from the 0.5.17 set):
 # the ones with failing hunks, and 0004, whose hunks fit but whose helpers 0.5.17 needs changed
 # (a deep copy of the read-only server args, the draft runner's spec-bag scope, the grammar
@@ -858,9 +960,23 @@ def test_port_0516_to_0517_gates_are_the_reviewed_sets(port_0516: PortReport) ->
     around the ReplaySSM spec-verify and lazy Mamba caching (covered: DDTREE joins DFLASH there),
     grammar overlap, an NPU verify layout and two gates 0.5.17 rewrote (widened); the 3 lines
     0002 and 0007 write there are reviewed covered."""
-    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(port_0516, PORTED_0517, PORTED_0516)
+    written = frozenset(
+        (file, function, text)
+        for file, function, text in (
+            (_SERVER_ARGS_PY, "ServerArgs._validate_mamba_extra_buffer",
+             'assert algo not in ("DFLASH", "DDTREE"), ('),
+            (_SERVER_ARGS_PY, "ServerArgs._handle_linear_attn_backend",
+             'if _algo not in ("DSPARK", "DFLASH", "DDTREE") or verify not in ('),
+            ("sglang/srt/mem_cache/kv_cache_configurator.py",
+             "KVCacheConfigurator._build_hybrid_req_pool", 'and _algo in ("DSPARK", "DFLASH", "DDTREE")'),
+        )
+    )  # fmt: skip
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(
+        port_0516, PORTED_0517, PORTED_0516, written
+    )
     dispositions = [reviewed[k].disposition.value for k in unreviewed]
     assert sorted(dispositions) == ["covered"] * 3 + ["widened"] * 4
+    assert {reviewed[k].disposition.value for k in written} == {"covered"}
 
 
 def test_port_0516_with_0517_rewrites_regenerates_the_reviewed_set(

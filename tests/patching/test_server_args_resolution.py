@@ -13,9 +13,9 @@ its staging venv (CPU): the patched modules import, DDTREE gets every setting DF
 DFLASH resolves exactly as it does on the pristine files. Without the staging venv the test
 skips (fails under DDTREE_REQUIRE_STAGING=1).
 
-0.5.21's, 0.5.22's and 0.5.23's server arguments have their own checks
-(tests/patching/verify_path/v0523/: the same `compare`, on CUDA with flashinfer, as all three serve
-DDTREE on CUDA only), so they are not listed here.
+0.5.20's to 0.5.23's server arguments have their own checks (tests/patching/verify_path/v0523/:
+the same `compare`, on CUDA with flashinfer, as all four serve DDTREE on CUDA only), so they are
+not listed here.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
+from packaging.version import Version
 from staging import require_staging_venv, staging_overrides
 
 from ddtree_deploy.config import compose_config
@@ -40,22 +41,12 @@ from patching.sglang_args_probe import (
     resolve_server_args,
     write_tiny_model_dirs,
 )
-from patching.trees import real_patch_set
+from patching.trees import REAL_RELEASES, real_patch_set
 
-# The .post releases run on their own wheels too: 0.5.12.post1's and 0.5.13.post1's targets are
-# their base's bytes, 0.5.15.post1's server_args.py is not (its derived set).
-RELEASES = (
-    "0.5.11",
-    "0.5.12",
-    "0.5.12.post1",
-    "0.5.13",
-    "0.5.13.post1",
-    "0.5.14",
-    "0.5.15",
-    "0.5.15.post1",
-    "0.5.16",
-    "0.5.17",
-)
+# Every release with a set up to 0.5.19 (0.5.20 on: v0523's checks, as above), the .post releases
+# on their own wheels too: 0.5.12.post1's and 0.5.13.post1's targets are their base's bytes,
+# 0.5.15.post1's server_args.py is not (its derived set).
+RELEASES = tuple(r for r in REAL_RELEASES if Version(r) < Version("0.5.20"))
 
 
 @pytest.mark.parametrize("release", RELEASES)

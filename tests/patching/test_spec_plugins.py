@@ -37,22 +37,10 @@ from patching.sglang_args_probe import (
     resolve_server_args,
     write_tiny_model_dirs,
 )
-from patching.trees import real_patch_set
+from patching.trees import REAL_RELEASES, real_patch_set
 
-# Every release with the plugin registry (0.5.12 on), .post releases on their own wheels.
-REGISTRY_RELEASES = (
-    "0.5.12",
-    "0.5.12.post1",
-    "0.5.13",
-    "0.5.13.post1",
-    "0.5.14",
-    "0.5.15",
-    "0.5.15.post1",
-    "0.5.17",
-    "0.5.21",
-    "0.5.22",
-    "0.5.23",
-)
+# Every release with a set and the plugin registry (0.5.12 on), .post releases on their own wheels.
+REGISTRY_RELEASES = tuple(r for r in REAL_RELEASES if Version(r) >= Version("0.5.12"))
 
 # 0.5.16 on ([DDTREE, a plugin] per predicate the release has): DDTREE is in the DFlash family
 # through the widened is_dflash() and outside DSPARK's own predicates; a plugin is in neither.

@@ -1,15 +1,15 @@
-"""Checks of the 0.5.21, 0.5.22 and 0.5.23 DDTREE verify paths, run in the release's staging venv.
+"""Checks of the 0.5.20 to 0.5.23 DDTREE verify paths, run in the release's staging venv.
 
 Run as `python checks_0523.py NAME` with the patched `sglang/` first on PYTHONPATH and
 `kernels/` (ddtree_kernels, its pure-torch reference on CPU) importable. Prints one JSON
 line `{"ok": ..., ...}`; the pytest side (test_verify_path_0523.py) asserts on it. 0.5.22's set
-is 0.5.23's ported back and 0.5.21's is 0.5.22's, so one module serves all three: the few places
-the workers differ (the draft placement and how the worker enters the draft's TP scope, where
-DFlash's greedy accept rule lives, which rank logs, how a PD prefill server is told) follow
-`RELEASE`.
+is 0.5.23's ported back, 0.5.21's is 0.5.22's and 0.5.20's is 0.5.21's, so one module serves all
+four: the few places the workers differ (the draft placement and how the worker enters the draft's
+TP scope, where DFlash's greedy accept rule lives, which rank logs, how a PD prefill server is
+told) follow `RELEASE`.
 
 The checks every worker-v2 release shares come from `worker_v2_checks.py` (this file's parent
-folder, on PYTHONPATH). Real here: the DFlashWorkerV2 methods the 0.5.21 to 0.5.23 patches
+folder, on PYTHONPATH). Real here: the DFlashWorkerV2 methods the 0.5.20 to 0.5.23 patches
 add, called unbound, DFlash's own greedy head, accept rule
 (`compute_dflash_correct_drafts_and_bonus`, the torch version) and `_commit_accept`. TEST
 DOUBLES, because the real objects need a GPU, a scheduler or an initialised runtime context:
@@ -47,9 +47,9 @@ from worker_v2_checks import (
     wide_propose_results,
 )
 
-# 0.5.21 and 0.5.22 keep the worker's verify logits gathered and DFlash's greedy accept rule in
+# 0.5.20 to 0.5.22 keep the worker's verify logits gathered and DFlash's greedy accept rule in
 # dflash_utils (0.5.23: a deferred argmax, the rule in sglang.kernels).
-GATHERED = RELEASE in ("0.5.21", "0.5.22")
+GATHERED = RELEASE in ("0.5.20", "0.5.21", "0.5.22")
 if GATHERED:
     compute_dflash_correct_drafts_and_bonus = U.compute_dflash_correct_drafts_and_bonus
 else:
@@ -57,10 +57,15 @@ else:
 
 # Where the worker keeps its draft placement, what `draft_tp_context` takes: 0.5.22 a flag (dp
 # attention), 0.5.23 a layout; 0.5.21 enters it through its own `self.draft_tp_context` (the
-# module's context under dp attention, else an empty one) with the draft runner's TP group. A
-# worker double holds only its release's attributes, so a patched method that reads another
-# release's fails here.
+# module's context under dp attention, else an empty one) with the draft runner's TP group, and
+# 0.5.20 the same way with the group alone (no placement flag, no `owns_attention`). A worker
+# double holds only its release's attributes, so a patched method that reads another release's
+# fails here.
 PLACEMENT = {
+    "0.5.20": {
+        "draft_tp_context": lambda group: contextlib.nullcontext(),
+        "draft_model_runner": SimpleNamespace(tp_group=None),
+    },
     "0.5.21": {
         "draft_owns_attention": False,
         "draft_tp_context": lambda group, *, owns_attention: contextlib.nullcontext(),
@@ -68,21 +73,33 @@ PLACEMENT = {
     },
     "0.5.22": {"draft_owns_attention": False},
 }.get(RELEASE, {"draft_parallel_layout": None})
-# Where the worker reads the rank its startup messages log on: 0.5.21 its target model runner.
-TARGET_RANK = (
-    {"model_runner": SimpleNamespace(tp_rank=1)} if RELEASE == "0.5.21" else {"_target_tp_rank": 1}
+# The module-level scopes the worker's setup enters, patched to empty ones: 0.5.20 has no
+# draft_pp_context (and its draft_tp_context takes the group).
+SETUP_SCOPES = (
+    {"draft_tp_context": lambda group: contextlib.nullcontext()}
+    if RELEASE == "0.5.20"
+    else {
+        "draft_pp_context": contextlib.nullcontext,
+        "draft_tp_context": lambda layout: contextlib.nullcontext(),
+    }
 )
-# How the Mamba pool learns it serves a PD prefill server: 0.5.21 asks get_disagg() itself.
+# Where the worker reads the rank its startup messages log on: 0.5.21 its target model runner,
+# 0.5.20 the `ps` its __init__ takes.
+TARGET_RANK = {
+    "0.5.20": {"ps": SimpleNamespace(tp_rank=1)},
+    "0.5.21": {"model_runner": SimpleNamespace(tp_rank=1)},
+}.get(RELEASE, {"_target_tp_rank": 1})
+# How the Mamba pool learns it serves a PD prefill server: 0.5.20 and 0.5.21 ask get_disagg().
 PD_PREFILL = (
     {"get_disagg": lambda: SimpleNamespace(disaggregation_mode="null")}
-    if RELEASE == "0.5.21"
+    if RELEASE in ("0.5.20", "0.5.21")
     else {"_pd_prefill_skips_mamba_spec_state": lambda: False}
 )
 
 
 def _greedy_verify(target, vocab) -> dict:
     """How the verify's greedy choice reaches `_ddtree_accept_block`: 0.5.23 may hand over the
-    argmax its deferred logits gather took (`target_predict`); 0.5.21 and 0.5.22 have no deferred
+    argmax its deferred logits gather took (`target_predict`); 0.5.20 to 0.5.22 have no deferred
     gather and always pass the verify logits, so their accept takes no `target_predict`."""
     if GATHERED:
         return {"next_token_logits": argmax_logits(target, vocab)}
@@ -184,12 +201,7 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
             model_config=SimpleNamespace(hybrid=hybrid), attn_backend=backend
         ),
     )
-    with patched(
-        W,
-        draft_pp_context=contextlib.nullcontext,
-        draft_tp_context=lambda layout: contextlib.nullcontext(),
-        mambaish_config=lambda cfg: object() if cfg.hybrid else None,
-    ):
+    with patched(W, **SETUP_SCOPES, mambaish_config=lambda cfg: object() if cfg.hybrid else None):
         try:
             W.DFlashWorkerV2.init_attention_backends(worker)
         except Exception as e:
@@ -215,12 +227,13 @@ def worker_attention_and_sampler():
 
 
 def _tp_group(group) -> dict:
-    """0.5.21's to 0.5.23's workers reach their TP group through get_parallel().tp_group."""
+    """0.5.20's to 0.5.23's tree proposals reach their TP group through get_parallel().tp_group
+    (0.5.20's own greedy head asks get_tp_group(), which the draft TP scope patches alike)."""
     return {"get_parallel": lambda: SimpleNamespace(tp_group=group)}
 
 
 def _host_kwargs(batch) -> dict:
-    """0.5.21 to 0.5.23 pass the batch as batch; the host prefix lengths are on it."""
+    """0.5.20 to 0.5.23 pass the batch as batch; the host prefix lengths are on it."""
     return {"batch": batch, "draft_input": None}
 
 
@@ -285,7 +298,7 @@ def wide_accept_and_commit():
             bs=len(prefix),
         )  # fmt: skip
 
-    # 0.5.21's to 0.5.23's workers put the verify rows in the drafter's block layout
+    # 0.5.20's to 0.5.23's workers put the verify rows in the drafter's block layout
     # (ddtree_block_rows) before the draft-KV append, the logprobs and the sampling mask read them.
     return wide_accept_results(
         W, _dflash_worker_double(block_size=BLOCK), accept,
@@ -295,7 +308,7 @@ def wide_accept_and_commit():
 
 @check
 def wide_draft_runner_width():
-    """0.5.21's to 0.5.23's runners size themselves from the spec bag (get_spec()) when they
+    """0.5.20's to 0.5.23's runners size themselves from the spec bag (get_spec()) when they
     are built and set up, so the worker sets up its draft runner inside `_draft_spec_scope`: in
     DDTREE tree mode the draft runner's backends and CUDA graphs see the drafter's 16-token block
     while the target keeps the 64-token verify width; shadow_linear and DFLASH see their one
@@ -339,8 +352,7 @@ def wide_draft_runner_width():
         with (
             get_context().override_server_args(speculative_algorithm=algorithm, **fields),
             patched(
-                W, draft_pp_context=contextlib.nullcontext,
-                draft_tp_context=lambda layout: contextlib.nullcontext(),
+                W, **SETUP_SCOPES,
                 get_parallel=lambda: SimpleNamespace(
                     attn_dp_enabled=False, enable_dp_attention=False, tp_rank=0
                 ),
@@ -395,7 +407,7 @@ def worker_mamba_commit():
 @check
 def hybrid_conv_window_layout():
     """Patch 0006: the Mamba request pool `KVCacheConfigurator._build_hybrid_req_pool` builds
-    for a DDTREE tree-mode hybrid target keeps one conv window per verify node on CUDA. 0.5.21
+    for a DDTREE tree-mode hybrid target keeps one conv window per verify node on CUDA. 0.5.20
     to 0.5.23 deduplicate a chain's conv windows (topk <= 1) into one sliding window on CUDA
     only, so a CPU pool never shows that layout (0.5.14's did on the GPU lab, as a divergence).
 

@@ -1,8 +1,9 @@
-"""What only 0.5.21's, 0.5.22's and 0.5.23's DDTREE verify paths have, on CPU against the real
-patched releases.
+"""What only 0.5.20's to 0.5.23's DDTREE verify paths have, on CPU against the real patched
+releases.
 
-0.5.22's set is 0.5.23's ported back and 0.5.21's is 0.5.22's, so all three run checks_0523.py
-(in their own staging venvs: conftest.SHARED_CHECKS) and are held to the same promises here. The checks every
+0.5.22's set is 0.5.23's ported back, 0.5.21's is 0.5.22's and 0.5.20's is 0.5.21's, so all four
+run checks_0523.py (in their own staging venvs: conftest.SHARED_CHECKS) and are held to the same
+promises here. The checks every
 worker-v2 release shares are tested in ../test_verify_path_worker_v2.py; the fixtures (`check`:
 the JSON one check of checks_0523.py printed) are in ../conftest.py.
 """
@@ -18,7 +19,7 @@ from patching.sglang_args_probe import WIDE_ROWS, compare, write_tiny_model_dirs
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.config.rules import max_tree_budget
 
-RELEASES = ("0.5.21", "0.5.22", "0.5.23")
+RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -45,7 +46,7 @@ def test_worker_attention_backends_and_sampler(check: Callable[[str], dict]) -> 
 
 
 def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]) -> None:
-    """Patch 0006: on CUDA 0.5.21's to 0.5.23's Mamba pools share one sliding conv window between
+    """Patch 0006: on CUDA 0.5.20's to 0.5.23's Mamba pools share one sliding conv window between
     a chain's verify steps; a tree's nodes need their own, so a tree-mode DDTREE pool keeps the
     dense layout (the bug 0.5.14 showed on the GPU lab, where this layout rule is the same)."""
     got = check("hybrid_conv_window_layout")
@@ -57,7 +58,7 @@ def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]
 def test_draft_runner_keeps_the_block_while_the_target_verifies_the_width(
     check: Callable[[str], dict],
 ) -> None:
-    """0.5.21's to 0.5.23's runners read their width from the spec bag: in tree mode the draft
+    """0.5.20's to 0.5.23's runners read their width from the spec bag: in tree mode the draft
     runner's attention backends and CUDA graphs are set up at the drafter's 16-token block, the
     target's at the 64-token verify width; shadow_linear and DFLASH keep their one width."""
     got = check("wide_draft_runner_width")
@@ -75,7 +76,7 @@ def test_server_args_widen_the_tree_verify(
     tmp_path: Path,
 ) -> None:
     """The release's arguments on its real parser (`sglang_args_probe.compare`, on CUDA with
-    flashinfer: 0.5.21 to 0.5.23 serve DDTREE on CUDA only, tree mode on a tree-mask backend):
+    flashinfer: 0.5.20 to 0.5.23 serve DDTREE on CUDA only, tree mode on a tree-mask backend):
     budgets 31 and 63 resolve to verify widths (and reservations) 32 and 64 with the drafter's
     block 16, shadow_linear keeps 16, DFLASH resolves as on the pristine files, budget 64 is
     refused with its sentence. The limit is the one compose time enforces for the release."""
