@@ -360,7 +360,10 @@ def _mixin_pool_topks(pool_args) -> dict[str, int]:
 
 def _config_bags(args) -> dict:
     """0.5.17 reads resolved config from its namespace bags (get_spec() and the others), not the
-    server args: TEST DOUBLES of the bags a module reads, holding `args`' values."""
+    server args: TEST DOUBLES of the bags a module reads, holding `args`' values. 0.5.18 also
+    reads its disaggregation bag and runtime_context's predicates over the bags (the Mamba extra
+    buffer, the largest draft-token count), doubled here too; a caller keeps those its module
+    imports."""
     if not hasattr(W, "get_spec"):  # up to 0.5.16
         return {}
     mamba = SimpleNamespace(
@@ -377,8 +380,15 @@ def _config_bags(args) -> dict:
             disable_overlap_schedule=args.disable_overlap_schedule,
         ),
         "get_memory": SimpleNamespace(enable_page_major_kv_layout=False),
+        "get_disagg": SimpleNamespace(disaggregation_mode=args.disaggregation_mode),
     }
-    return {name: (lambda bag=bag: bag) for name, bag in bags.items()}
+    doubles = {name: (lambda bag=bag: bag) for name, bag in bags.items()}
+    return {
+        **doubles,
+        "mamba_extra_buffer_enabled": args.enable_mamba_extra_buffer,
+        "mamba_extra_buffer_lazy_enabled": args.enable_mamba_extra_buffer_lazy,
+        "max_speculative_num_draft_tokens": lambda: args.max_speculative_num_draft_tokens,
+    }
 
 
 def _configurator_pool_topks(pool_args) -> dict[str, int]:
@@ -390,11 +400,13 @@ def _configurator_pool_topks(pool_args) -> dict[str, int]:
     from sglang.srt.disaggregation import decode
     from sglang.srt.mem_cache import kv_cache_configurator as K
 
-    bags = _config_bags(pool_args)
     server_args = pool_args
-    if bags:  # 0.5.17 upper-cases the server args' algorithm, a name there (the bag's may not be)
+    if hasattr(W, "get_spec"):  # 0.5.17 upper-cases the server args' algorithm, a name there
         name = getattr(pool_args.speculative_algorithm, "name", pool_args.speculative_algorithm)
         server_args = SimpleNamespace(**{**vars(pool_args), "speculative_algorithm": name})
+    # 0.5.18 upper-cases the spec bag's, so its bag holds the name too (0.5.17's may not).
+    bag_args = pool_args if RELEASE in ("0.5.16", "0.5.17") else server_args
+    bags = {name: bag for name, bag in _config_bags(bag_args).items() if hasattr(K, name)}
     configurator = SimpleNamespace(
         server_args=server_args, hybrid_gdn_config=object(), device="cpu",
         model_config=SimpleNamespace(context_len=256, hf_config=None),
@@ -587,7 +599,13 @@ def draft_runner_built_at_the_block():
             device="cpu",
         )
         kwargs: dict = {}
-        with patched(W, build_draft_tp_worker=recorder):
+        # 0.5.18's worker reads its page size from the schedule bag.
+        schedule = (
+            {"get_schedule": lambda: SimpleNamespace(page_size=1)}
+            if hasattr(W, "get_schedule")
+            else {}
+        )
+        with patched(W, build_draft_tp_worker=recorder, **schedule):
             try:
                 W.DFlashWorkerV2.__init__(bare_worker(), args, 0, State(), 0, target)
             except Built as done:
