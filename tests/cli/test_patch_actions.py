@@ -108,7 +108,7 @@ def test_unsupported_release_is_refused_before_anything_is_written(
         [
             "action=patch",
             f"host.sglang_venv={sglang_venv}",
-            "sglang.version=0.5.18",
+            "sglang.version=0.5.19",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
         ]
@@ -116,11 +116,11 @@ def test_unsupported_release_is_refused_before_anything_is_written(
     err = capsys.readouterr().err
     assert code == 5
     assert err.strip() == (
-        "error: SGLang 0.5.18 has no patch set (supported: ==0.5.11, <=0.5.12.post1,>=0.5.12, "
+        "error: SGLang 0.5.19 has no patch set (supported: ==0.5.11, <=0.5.12.post1,>=0.5.12, "
         "<=0.5.13.post1,>=0.5.13, ==0.5.14, ==0.5.15, ==0.5.15.post1, ==0.5.16, ==0.5.17, "
-        "==0.5.20, ==0.5.21, ==0.5.22, ==0.5.23); pin a supported release in the host's sglang "
-        "config, or run `ddtree-deploy action=port sglang.version=0.5.18` for a candidate set to "
-        "review."
+        "==0.5.18, ==0.5.20, ==0.5.21, ==0.5.22, ==0.5.23); pin a supported release in the host's "
+        "sglang config, or run `ddtree-deploy action=port sglang.version=0.5.19` for a candidate "
+        "set to review."
     )
     assert not (tmp_path / "state").exists()
     assert _record_matches(sglang_venv)

@@ -221,7 +221,7 @@ def test_0512_set_serves_0512_and_its_post1_only() -> None:
     # or any other release must not be served by a range nobody checked it against.
     assert select_patch_set("0.5.12").name == "0.5.12"
     assert select_patch_set("0.5.12.post1").name == "0.5.12"
-    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.18"):
+    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.19"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -232,7 +232,7 @@ def test_0513_set_serves_0513_and_its_post1_only() -> None:
     assert select_patch_set("0.5.13").name == "0.5.13"
     assert select_patch_set("0.5.13.post1").name == "0.5.13"
     assert select_patch_set("0.5.14").name == "0.5.14"
-    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.18"):
+    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.19"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -271,9 +271,20 @@ def test_0516_set_serves_0516_only() -> None:
 
 
 def test_0517_set_serves_0517_only() -> None:
-    # 0.5.18 drops the extra_buffer_lazy assert 0002 widens and adds dflash_disaggregation.py.
+    # 0.5.18 drops the extra_buffer_lazy assert 0.5.17's 0002 widens and adds
+    # dflash_disaggregation.py: it has its own set.
     assert select_patch_set("0.5.17").name == "0.5.17"
-    for other in ("0.5.17.post1", "0.5.17rc1", "0.5.18"):
+    assert select_patch_set("0.5.18").name == "0.5.18"
+    for other in ("0.5.17.post1", "0.5.17rc1"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)
+
+
+def test_0518_set_serves_0518_only() -> None:
+    # 0.5.18 has no post release; 0.5.19 (its worker reads config through get_spec(), its
+    # _handle_dflash resolves through declare_resolution) has no set, so no pin stretches to it.
+    assert select_patch_set("0.5.18").name == "0.5.18"
+    for other in ("0.5.18.post1", "0.5.18rc1", "0.5.19"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
