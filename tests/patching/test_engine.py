@@ -262,9 +262,19 @@ def test_0515_sets_serve_0515_and_its_post1_each() -> None:
 
 def test_0516_set_serves_0516_only() -> None:
     # 0.5.16 has no post release; a later one or a release candidate must not be served by a pin
-    # nobody checked it against.
+    # nobody checked it against, and 0.5.17 (which adds DFLASH gates of its own) has its own set.
     assert select_patch_set("0.5.16").name == "0.5.16"
+    assert select_patch_set("0.5.17").name == "0.5.17"
     for other in ("0.5.16.post1", "0.5.16rc1", "0.5.24"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)
+
+
+def test_0517_set_serves_0517_only() -> None:
+    # 0.5.18 drops the extra_buffer_lazy assert 0002 widens and adds dflash_disaggregation.py;
+    # a post release, a release candidate or a later release must not take this pin.
+    assert select_patch_set("0.5.17").name == "0.5.17"
+    for other in ("0.5.17.post1", "0.5.17rc1", "0.5.24"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
