@@ -300,7 +300,7 @@ def test_patch_without_set_points_to_port(
     code = main(
         [
             "action=patch",
-            "sglang.version=0.5.19",
+            "sglang.version=0.5.24",
             f"host.sglang_venv={tmp_path / 'venv'}",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
@@ -308,7 +308,7 @@ def test_patch_without_set_points_to_port(
     )
     err = capsys.readouterr().err
     assert code == 5
-    assert "run `ddtree-deploy action=port sglang.version=0.5.19`" in err
+    assert "run `ddtree-deploy action=port sglang.version=0.5.24`" in err
     assert not (tmp_path / "state").exists()
 
 
