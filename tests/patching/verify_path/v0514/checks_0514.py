@@ -689,14 +689,15 @@ def requests_refused_for_ddtree():
     server args."""
     import sglang.srt.runtime_context as ctx
 
-    def refusal(algorithm, grammar, logprob=False):
+    def refusal(algorithm, grammar, logprob=False, experts=False):
         params = SimpleNamespace(
             json_schema='{"type": "object"}' if grammar else None, regex=None, ebnf=None,
             structural_tag=None,
         )  # fmt: skip
         req = SimpleNamespace(
-            return_logprob=logprob, return_hidden_states=False, sampling_params=params
-        )
+            return_logprob=logprob, return_hidden_states=False, sampling_params=params,
+            return_routed_experts=experts, return_indexer_topk=False,
+        )  # fmt: skip
         spec = SimpleNamespace(speculative_algorithm=algorithm)
         with patched(ctx, get_spec=lambda: spec):
             return U.validate_dflash_request(req, False)
@@ -724,6 +725,8 @@ def requests_refused_for_ddtree():
         "dflash_grammar": refusal("DFLASH", True),
         "ddtree_logprob": refusal("DDTREE", False, logprob=True),
         "dflash_logprob": refusal("DFLASH", False, logprob=True),
+        "ddtree_routed_experts": refusal("DDTREE", False, experts=True),
+        "dflash_routed_experts": refusal("DFLASH", False, experts=True),
         # A GGUF head: no dense weight (0.5.18's DFLASH runs it through the layer's kernel).
         "tree_on_gguf_head": _init(ddtree_spec(), lm_head=SimpleNamespace()),
         "shadow_on_gguf_head": _init(
