@@ -4,8 +4,9 @@
 (v0514/checks_0514.py, run in the 0.5.18 staging venv: conftest.SHARED_CHECKS); what it shares
 with 0.5.17 is tested in ../v0517/ and before. Here: what 0.5.18's DFLASH newly serves and a
 DDTree cannot follow. Log-prob requests and the target's routed-expert (indexer top-k) captures
-are read from the chain's verify rows, so DDTREE's request validation refuses them; a target LM head without a dense weight (GGUF) runs through the layer's
-own kernel, so the DDTree worker refuses a tree on it, whose log-probs it drafts from the weight.
+are read from the chain's verify rows, so DDTREE's request validation refuses them; a target LM
+head without a dense weight (GGUF) runs through the layer's own kernel, so the DDTree worker
+refuses a tree on it, whose log-probs it drafts from the weight.
 """
 
 from __future__ import annotations
