@@ -35,8 +35,22 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """(the wheel, what the build backend printed)."""
     out = tmp_path_factory.mktemp("wheel")
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
-        check=True, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-v",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     (built,) = out.glob("ddtree_deploy-*.whl")
     return built, done.stdout + done.stderr
@@ -58,26 +72,56 @@ def test_wheel_build_has_no_packaging_warning(build: tuple[Path, str]) -> None:
 def test_wheel_holds_every_data_file_of_the_checkout(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {
-        *(f"ddtree_deploy/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")),
+        *(
+            f"ddtree_deploy/conf/{p.relative_to(REPO / 'conf')}"
+            for p in (REPO / "conf").rglob("*.yaml")
+        ),
         *(f"ddtree_deploy/templates/{p.name}" for p in (REPO / "templates").glob("*.j2")),
-        *(f"ddtree_deploy/patchsets/{p.relative_to(REPO / 'patches')}" for p in (REPO / "patches").rglob("*") if p.suffix in (".patch", ".yaml")),
-        *(f"ddtree_deploy/kernel_source/{p.relative_to(REPO / 'kernels')}" for p in (REPO / "kernels/csrc").iterdir()),
+        *(
+            f"ddtree_deploy/patchsets/{p.relative_to(REPO / 'patches')}"
+            for p in (REPO / "patches").rglob("*")
+            if p.suffix in (".patch", ".yaml")
+        ),
+        *(
+            f"ddtree_deploy/kernel_source/{p.relative_to(REPO / 'kernels')}"
+            for p in (REPO / "kernels/csrc").iterdir()
+        ),
     }
     assert expected <= names, sorted(expected - names)
 
 
 def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     done = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=tmp_path, env={"PYTHONPATH": str(target), "HOME": str(tmp_path)},
-        capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "-c", PROBE],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert found["module"].startswith(str(target))
     assert found["patch_sets"] == [
-        "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.20",
-        "0.5.21", "0.5.22", "0.5.23",
+        "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
+        "0.5.20", "0.5.21", "0.5.22", "0.5.23",
     ]  # fmt: skip
     assert found["kernels_setup"] and found["unit_mentions_ddtree"]

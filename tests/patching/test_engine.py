@@ -271,10 +271,22 @@ def test_0516_set_serves_0516_only() -> None:
 
 
 def test_0517_set_serves_0517_only() -> None:
-    # 0.5.18 drops the extra_buffer_lazy assert 0002 widens and adds dflash_disaggregation.py;
-    # a post release, a release candidate or a later release must not take this pin.
+    # 0.5.18 drops the extra_buffer_lazy assert 0002 widens and adds dflash_disaggregation.py
+    # (it has its own set); a post release, a release candidate or a later release must not take
+    # this pin.
     assert select_patch_set("0.5.17").name == "0.5.17"
+    assert select_patch_set("0.5.18").name == "0.5.18"
     for other in ("0.5.17.post1", "0.5.17rc1", "0.5.24"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)
+
+
+def test_0518_set_serves_0518_only() -> None:
+    # 0.5.18 has no post release; a post release, a release candidate or a later release (0.5.19's
+    # worker reads config through get_spec(), its _handle_dflash resolves through
+    # declare_resolution) must not take this pin.
+    assert select_patch_set("0.5.18").name == "0.5.18"
+    for other in ("0.5.18.post1", "0.5.18rc1", "0.5.19", "0.5.24"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 

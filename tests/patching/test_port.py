@@ -1,10 +1,11 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
-the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, the 0.5.16 set to 0.5.17, and the 0.5.23 set
+the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, the 0.5.16 set to 0.5.17, the 0.5.17 set to
+0.5.18, and the 0.5.23 set
 back to 0.5.22, 0.5.22's to 0.5.21 and 0.5.21's to 0.5.20.
 
-This is how the reviewed 0.5.12, 0.5.15 to 0.5.17 and 0.5.20 to 0.5.22 sets
+This is how the reviewed 0.5.12, 0.5.15 to 0.5.18 and 0.5.20 to 0.5.22 sets
 (patches/sglang/<release>/) began; since they shipped, these tests port from a sets root holding
-the shipped source set alone, so they keep exercising a real port. The 0.5.15 to 0.5.17 and
+the shipped source set alone, so they keep exercising a real port. The 0.5.15 to 0.5.18 and
 0.5.20 to 0.5.22 ones hold the
 reviewed set to that port: it fails exactly at the hunks the reviewed set rewrote, and with those
 patches taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
@@ -316,7 +317,7 @@ def test_patch_without_set_points_to_port(
     [
         # 0.5.15.post1 has its own (derived) set now.
         ("0.5.15.post2", "0.5.15.post1", "newest reviewed set"),
-        ("0.5.19", "0.5.17", "newest reviewed set"),  # by the rule: 0.5.20 is above it
+        ("0.5.19", "0.5.18", "newest reviewed set"),  # by the rule: 0.5.20 is above it
         ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
@@ -986,3 +987,90 @@ def test_port_0516_with_0517_rewrites_regenerates_the_reviewed_set(
     come back unchanged (so a change to the 0.5.16 set that 0.5.17's code shares shows up here
     until 0.5.17 carries it)."""
     _assert_regenerates_the_reviewed_set(port_0516_with_0517_rewrites, PORTED_0517)
+
+
+# ---------------------------------------------------------------- 0.5.17 -> 0.5.18
+
+PORTED_0518 = "0.5.18"
+_KV_CONFIGURATOR_PY = "sglang/srt/mem_cache/kv_cache_configurator.py"
+# The patches of the 0.5.17 set the 0.5.18 set rewrote (each then taken whole from the 0.5.18 set):
+# the ones with failing hunks (0004's also refuses log-prob requests and writes the draft runner's
+# server-args copy past the read-only guard, 0.5.18 having no ServerArgs.override; 0003's also
+# refuses a tree on a target head without a dense weight). 0005 and 0006 port unchanged.
+REWRITTEN_0518 = (*REWRITTEN_0516[:2], WORKER, HELPERS, REWRITTEN_0516[3])
+# The 0.5.17 hunks 0.5.18's code no longer fits, each with the port's reason: spec_utils and the
+# KV-cache configurator read the spec bag and runtime_context's predicates, the worker imports
+# the schedule bag, dflash_utils grew Triton kernels after validate_dflash_request, and the
+# extra_buffer_lazy assert 0002 widened is gone.
+FAILED_0518 = {
+    (REWRITTEN_0518[0], "spec_utils.py", 1): "removed line 'if "
+    'server_args.speculative_algorithm in ("STANDALONE", "DFLASH", "DSPARK"):\' is not in the file',
+    (REWRITTEN_0518[1], "server_args.py", 3): "context line 'algo = "
+    '(view.speculative_algorithm or "").upper()\' is not in the file',
+    (WORKER, "dflash_worker_v2.py", 1): "removed line 'from sglang.srt.runtime_context import "
+    "get_exec' is not in the file",
+    (HELPERS, "dflash_utils.py", 5): "its lines match only before the end of the previous hunk",
+    (REWRITTEN_0518[4], "kv_cache_configurator.py", 2): "context line "
+    "'speculative_num_draft_tokens=self.server_args.max_speculative_num_draft_tokens,' is not in "
+    "the file",
+    (REWRITTEN_0518[4], "kv_cache_configurator.py", 3): "context line '_algo = "
+    '(self.server_args.speculative_algorithm or "").upper()\' is not in the file',
+    (REWRITTEN_0518[4], "kv_cache_configurator.py", 4): "context line "
+    "'enable_mamba_extra_buffer=self.server_args.enable_mamba_extra_buffer(),' is not in the file",
+}
+
+
+@pytest.fixture(scope="module")
+def port_0517(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0517"), PORTED_0517)
+    return port_patch_set(PORTED_0518, root=root, wheel=wheel_path(PORTED_0518))
+
+
+@pytest.fixture(scope="module")
+def port_0517_with_0518_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.17 set with the reviewed 0.5.18 set's rewritten patches."""
+    base = tmp_path_factory.mktemp("p0517w")
+    return _port_with_rewrites(base, PORTED_0517, PORTED_0518, REWRITTEN_0518)
+
+
+def test_port_0517_to_0518_fails_only_at_the_rewritten_hunks(port_0517: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0517.failed}
+    assert failed == FAILED_0518
+    assert len(port_0517.hunks) == 48
+    assert port_0517.candidate is None and port_0517.exit_code == 5
+
+
+def test_port_0517_to_0518_gates_are_the_reviewed_sets(port_0517: PortReport) -> None:
+    """The 3 sites the port left unreviewed are the ones the 0.5.18 set reviews new: the DFlash
+    draft pool's KV cell size and the spec worker's draft runners (widened), and the FutureMap
+    relay gate spec_utils now asks of the spec bag (covered by 0001, whose line is written only
+    by the rewritten hunk). 0.5.17's extra_buffer_lazy assert and two cuda-graph gates are gone."""
+    written = frozenset(
+        {
+            (
+                "sglang/srt/speculative/spec_utils.py",
+                "spec_need_hidden_states",
+                'if spec.speculative_algorithm in ("STANDALONE", "DFLASH", "DDTREE", "DSPARK"):',
+            )
+        }
+    )
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(
+        port_0517, PORTED_0518, PORTED_0517, written
+    )
+    dispositions = [reviewed[k].disposition.value for k in unreviewed]
+    assert sorted(dispositions) == ["covered"] + ["widened"] * 2
+    dropped = {_gate_key(r) for r in port_0517.dropped_reviews}
+    assert (
+        _SERVER_ARGS_PY,
+        "ServerArgs._validate_mamba_extra_buffer",
+        'assert algo != "DFLASH", (',
+    ) in dropped
+    assert _KV_CONFIGURATOR_PY in {k[0] for k in reviewed}
+
+
+def test_port_0517_with_0518_rewrites_regenerates_the_reviewed_set(
+    port_0517_with_0518_rewrites: PortReport,
+) -> None:
+    """Every other 0.5.17 patch (0005, 0006) ports to exactly the reviewed 0.5.18 diff, and the
+    rewritten ones come back unchanged."""
+    _assert_regenerates_the_reviewed_set(port_0517_with_0518_rewrites, PORTED_0518)

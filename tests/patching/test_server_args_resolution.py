@@ -76,14 +76,19 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     assert len(rows) == (ROWS if limit == 15 else WIDE_ROWS)
 
 
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.18"])
 def test_0517_ddtree_tree_mode_refuses_the_replayssm_chain_commit(
-    make_tree: Callable[[str], Path], host: LocalHost, state: HostStateStore, tmp_path: Path
+    release: str,
+    make_tree: Callable[[str], Path],
+    host: LocalHost,
+    state: HostStateStore,
+    tmp_path: Path,
 ) -> None:
     """0.5.17's DFLASH resolves with the ReplaySSM spec-verify (static ragged mode); the 0.5.17
     set refuses it for DDTREE tree mode (the ReplaySSM commit replays a chain) with a sentence,
-    while shadow_linear (DFLASH's chain) keeps the flag as DFLASH does. (Its NPU refusal cannot
-    resolve here, without torch_npu: v0517's verify-path checks call it.)"""
-    release = "0.5.17"
+    while shadow_linear (DFLASH's chain) keeps the flag as DFLASH does; 0.5.18's set, 0.5.17's
+    ported, does the same. (Its NPU refusal cannot resolve here, without torch_npu: v0517's
+    verify-path checks call it.)"""
     python = str(require_staging_venv(release) / "bin" / "python")
     site = make_tree(release)
     apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)

@@ -43,15 +43,17 @@ WITH_RADIX_CACHE = {
     "0.5.15": "extra_buffer needs CUDA/MUSA/NPU (FLA)",
     "0.5.16": "extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)",
     "0.5.17": "extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)",
+    "0.5.18": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
     "0.5.20": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
     "0.5.21": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
     "0.5.22": "extra_buffer requires platform support for Mamba cache state snapshots",
     "0.5.23": "extra_buffer requires platform support for Mamba cache state snapshots",
 }
-# The device a release's argv names: 0.5.16, 0.5.17 and 0.5.20 to 0.5.23 refuse DFLASH on a CPU.
+# The device a release's argv names: 0.5.16 to 0.5.18 and 0.5.20 to 0.5.23 refuse DFLASH on a CPU.
 DEVICE = {
     "0.5.16": "cuda",
     "0.5.17": "cuda",
+    "0.5.18": "cuda",
     "0.5.20": "cuda",
     "0.5.21": "cuda",
     "0.5.22": "cuda",

@@ -1,16 +1,17 @@
-"""Checks of the 0.5.14 to 0.5.17 DDTREE verify paths, run inside the release's staging venv.
+"""Checks of the 0.5.14 to 0.5.18 DDTREE verify paths, run inside the release's staging venv.
 
 Run as `python checks_0514.py NAME|all` with the patched `sglang/` first on PYTHONPATH, then its
 parent folder (`worker_v2_checks.py`: the checks every worker-v2 release shares) and `kernels/`
 (ddtree_kernels, its pure-torch reference on CPU). Prints one `@@JSON@@` line per check; the
 pytest side (test_verify_path_worker_v2.py, test_verify_path_0514.py, test_verify_path_0515.py,
-test_verify_path_0516.py, test_verify_path_0517.py) asserts on it. The worker checks return the same
+test_verify_path_0516.py to test_verify_path_0518.py) asserts on it. The worker checks return the same
 keys as 0.5.23's, so the shared tests hold every release to one promise. 0.5.15's to 0.5.17's sets
 are 0.5.14's with the worker hunks rewritten, so one module serves the four: the few places the
 workers differ (how the tree proposal takes the batch and the host lengths; 0.5.15's draft runner
 server args and in-graph draft sampler; 0.5.16's ParallelState, hybrid detection from the model
 config, Mamba commit flag, draft runner builder and pools built by the KV-cache configurator;
-0.5.17's config bags, read-only server args and grammar) follow `RELEASE`.
+0.5.17's config bags, read-only server args and grammar) follow `RELEASE`; 0.5.18's set is
+0.5.17's ported, and its worker takes 0.5.17's branches.
 
 Real: the DFlashWorkerV2 methods the 0.5.14 to 0.5.17 patches add or change, called unbound,
 DFlash's own greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch
@@ -141,20 +142,26 @@ def _target_runner(hybrid: bool) -> SimpleNamespace:
     )
 
 
-def _init_worker(server_args, *, hybrid=False, block=8):
+def _init_worker(server_args, *, hybrid=False, block=8, lm_head=None):
     """A DFlashWorkerV2 double after `_init_ddtree` (raises what it raises). Its TP rank is
-    `tp_rank` up to 0.5.15, `ps.tp_rank` (the ParallelState) from 0.5.16."""
+    `tp_rank` up to 0.5.15, `ps.tp_rank` (the ParallelState) from 0.5.16. The target worker
+    holds a dense bf16 LM head unless `lm_head` says otherwise (0.5.18's set refuses a tree on
+    a head without a dense weight)."""
+    if lm_head is None:
+        lm_head = SimpleNamespace(weight=torch.zeros(1, dtype=torch.bfloat16))
+    target_model = SimpleNamespace(lm_head=lm_head)
     worker = SimpleNamespace(
         server_args=server_args, block_size=block, tp_rank=1, ps=SimpleNamespace(tp_rank=1),
         model_runner=_target_runner(hybrid),
+        _target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=target_model)),
     )  # fmt: skip
     W.DFlashWorkerV2._init_ddtree(worker)
     return worker
 
 
-def _init(server_args, *, hybrid=False, block=8):
+def _init(server_args, *, hybrid=False, block=8, lm_head=None):
     try:
-        worker = _init_worker(server_args, hybrid=hybrid, block=block)
+        worker = _init_worker(server_args, hybrid=hybrid, block=block, lm_head=lm_head)
     except Exception as e:  # reported, asserted on by the test
         return {"error": f"{type(e).__name__}: {e}"}
     return {
@@ -353,7 +360,10 @@ def _mixin_pool_topks(pool_args) -> dict[str, int]:
 
 def _config_bags(args) -> dict:
     """0.5.17 reads resolved config from its namespace bags (get_spec() and the others), not the
-    server args: TEST DOUBLES of the bags a module reads, holding `args`' values."""
+    server args: TEST DOUBLES of the bags a module reads, holding `args`' values. 0.5.18 also
+    reads its disaggregation bag and runtime_context's predicates over the bags (the Mamba extra
+    buffer, the largest draft-token count), doubled here too; a caller keeps those its module
+    imports."""
     if not hasattr(W, "get_spec"):  # up to 0.5.16
         return {}
     mamba = SimpleNamespace(
@@ -370,8 +380,15 @@ def _config_bags(args) -> dict:
             disable_overlap_schedule=args.disable_overlap_schedule,
         ),
         "get_memory": SimpleNamespace(enable_page_major_kv_layout=False),
+        "get_disagg": SimpleNamespace(disaggregation_mode=args.disaggregation_mode),
     }
-    return {name: (lambda bag=bag: bag) for name, bag in bags.items()}
+    doubles = {name: (lambda bag=bag: bag) for name, bag in bags.items()}
+    return {
+        **doubles,
+        "mamba_extra_buffer_enabled": args.enable_mamba_extra_buffer,
+        "mamba_extra_buffer_lazy_enabled": args.enable_mamba_extra_buffer_lazy,
+        "max_speculative_num_draft_tokens": lambda: args.max_speculative_num_draft_tokens,
+    }
 
 
 def _configurator_pool_topks(pool_args) -> dict[str, int]:
@@ -383,11 +400,13 @@ def _configurator_pool_topks(pool_args) -> dict[str, int]:
     from sglang.srt.disaggregation import decode
     from sglang.srt.mem_cache import kv_cache_configurator as K
 
-    bags = _config_bags(pool_args)
     server_args = pool_args
-    if bags:  # 0.5.17 upper-cases the server args' algorithm, a name there (the bag's may not be)
+    if hasattr(W, "get_spec"):  # 0.5.17 upper-cases the server args' algorithm, a name there
         name = getattr(pool_args.speculative_algorithm, "name", pool_args.speculative_algorithm)
         server_args = SimpleNamespace(**{**vars(pool_args), "speculative_algorithm": name})
+    # 0.5.18 upper-cases the spec bag's, so its bag holds the name too (0.5.17's may not).
+    bag_args = pool_args if RELEASE in ("0.5.16", "0.5.17") else server_args
+    bags = {name: bag for name, bag in _config_bags(bag_args).items() if hasattr(K, name)}
     configurator = SimpleNamespace(
         server_args=server_args, hybrid_gdn_config=object(), device="cpu",
         model_config=SimpleNamespace(context_len=256, hf_config=None),
@@ -580,7 +599,13 @@ def draft_runner_built_at_the_block():
             device="cpu",
         )
         kwargs: dict = {}
-        with patched(W, build_draft_tp_worker=recorder):
+        # 0.5.18's worker reads its page size from the schedule bag.
+        schedule = (
+            {"get_schedule": lambda: SimpleNamespace(page_size=1)}
+            if hasattr(W, "get_schedule")
+            else {}
+        )
+        with patched(W, build_draft_tp_worker=recorder, **schedule):
             try:
                 W.DFlashWorkerV2.__init__(bare_worker(), args, 0, State(), 0, target)
             except Built as done:
@@ -655,21 +680,24 @@ def draft_runner_set_up_at_the_block():
 def requests_refused_for_ddtree():
     """0.5.17 serves grammar-constrained requests with DFLASH (it masks and advances the grammar
     over its verify chain); DDTREE's scheduler validation (`validate_dflash_request`, real)
-    refuses them, as every DFlash request was refused up to 0.5.16. The DDTree worker refuses
+    refuses them, as every DFlash request was refused up to 0.5.16 (0.5.18's DFLASH also serves
+    log-prob requests, read from its chain's verify rows; DDTREE's validation refuses them, and
+    its worker a tree on a target LM head without a dense weight). The DDTree worker refuses
     at start 0.5.17's SGLANG_SIMULATE_ACC_LEN, which forces DFLASH's chain acceptance, and
     `_handle_ddtree_args` an NPU device, where 0.5.17's DFLASH runs and the DDTree kernels do not.
     TEST DOUBLES: the request (the fields the validation reads), the spec bag, the worker and the
     server args."""
     import sglang.srt.runtime_context as ctx
 
-    def refusal(algorithm, grammar):
+    def refusal(algorithm, grammar, logprob=False, experts=False):
         params = SimpleNamespace(
             json_schema='{"type": "object"}' if grammar else None, regex=None, ebnf=None,
             structural_tag=None,
         )  # fmt: skip
         req = SimpleNamespace(
-            return_logprob=False, return_hidden_states=False, sampling_params=params
-        )
+            return_logprob=logprob, return_hidden_states=False, sampling_params=params,
+            return_routed_experts=experts, return_indexer_topk=False,
+        )  # fmt: skip
         spec = SimpleNamespace(speculative_algorithm=algorithm)
         with patched(ctx, get_spec=lambda: spec):
             return U.validate_dflash_request(req, False)
@@ -695,6 +723,15 @@ def requests_refused_for_ddtree():
         "ddtree_grammar": refusal("DDTREE", True),
         "ddtree_plain": refusal("DDTREE", False),
         "dflash_grammar": refusal("DFLASH", True),
+        "ddtree_logprob": refusal("DDTREE", False, logprob=True),
+        "dflash_logprob": refusal("DFLASH", False, logprob=True),
+        "ddtree_routed_experts": refusal("DDTREE", False, experts=True),
+        "dflash_routed_experts": refusal("DFLASH", False, experts=True),
+        # A GGUF head: no dense weight (0.5.18's DFLASH runs it through the layer's kernel).
+        "tree_on_gguf_head": _init(ddtree_spec(), lm_head=SimpleNamespace()),
+        "shadow_on_gguf_head": _init(
+            ddtree_spec(speculative_ddtree_mode="shadow_linear"), lm_head=SimpleNamespace()
+        ),
         "simulated_acceptance": simulated,
         "plain_init": _init(ddtree_spec()),
     }
@@ -705,7 +742,12 @@ if RELEASE != "0.5.14":  # what 0.5.15's to 0.5.17's workers have (test_verify_p
     check(draft_sampler_off_in_tree_mode)
 if RELEASE not in ("0.5.14", "0.5.15"):  # 0.5.16's and 0.5.17's (test_verify_path_0516.py)
     check(draft_runner_built_at_the_block)
-if RELEASE not in ("0.5.14", "0.5.15", "0.5.16"):  # only 0.5.17's (test_verify_path_0517.py)
+if RELEASE not in (
+    "0.5.14",
+    "0.5.15",
+    "0.5.16",
+):  # 0.5.17's and 0.5.18's (test_verify_path_0517.py,
+    # test_verify_path_0518.py)
     check(draft_runner_set_up_at_the_block)
     check(requests_refused_for_ddtree)
 

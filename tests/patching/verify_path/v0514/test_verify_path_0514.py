@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-RELEASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.17")
+RELEASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18")
 
 
 @pytest.fixture(scope="module", params=RELEASES)

@@ -1,4 +1,4 @@
-"""What only 0.5.17's DDTREE verify path has, on CPU against the real patched release.
+"""What 0.5.17's DDTREE verify path adds (0.5.18's too), on CPU against the real patched release.
 
 0.5.17's set is 0.5.16's with the hunks 0.5.17's code moved rewritten, so its checks are 0.5.14's
 (v0514/checks_0514.py, run in the 0.5.17 staging venv: conftest.SHARED_CHECKS), where the places
@@ -15,12 +15,14 @@ from collections.abc import Callable
 
 import pytest
 
-RELEASE = "0.5.17"
+# 0.5.18's set is 0.5.17's ported: its draft runner and these refusals are the same
+# (test_verify_path_0518.py: what 0.5.18 adds).
+RELEASES = ("0.5.17", "0.5.18")
 
 
-@pytest.fixture(scope="module")
-def release() -> str:
-    return RELEASE
+@pytest.fixture(scope="module", params=RELEASES)
+def release(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def test_draft_runner_sets_up_its_backend_and_graphs_at_the_block(
