@@ -418,8 +418,9 @@ def worker_mamba_commit():
     batch = SimpleNamespace(mamba_track_indices=None, req_pool_indices=torch.tensor([4, 5]))
     accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
     commit = torch.tensor([4, 1], dtype=torch.int32)
-    kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]),
-                  seq_lens_post_verify=torch.tensor([14, 21]), commit_lens=commit)  # fmt: skip
+    kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
+    if RELEASE != "0.5.19":  # 0.5.20 adds the post-verify lengths to the signature
+        kwargs["seq_lens_post_verify"] = torch.tensor([14, 21])
     W.DFlashWorkerV2._update_target_mamba_state_after_verify(
         worker, **kwargs, accept_index=accept_index
     )

@@ -1,9 +1,10 @@
-"""What only 0.5.20's to 0.5.23's DDTREE verify paths have, on CPU against the real patched
+"""What only 0.5.19's to 0.5.23's DDTREE verify paths have, on CPU against the real patched
 releases.
 
-0.5.22's set is 0.5.23's ported back, 0.5.21's is 0.5.22's and 0.5.20's is 0.5.21's, so all four
-run checks_0523.py (in their own staging venvs: conftest.SHARED_CHECKS) and are held to the same
-promises here. The checks every
+0.5.22's set is 0.5.23's ported back, 0.5.21's is 0.5.22's, 0.5.20's is 0.5.21's and 0.5.19's is
+0.5.20's, so all five run checks_0523.py (in their own staging venvs: conftest.SHARED_CHECKS) and
+are held to the same promises here. 0.5.19's server arguments, annotated in server_args.py as up
+to 0.5.16, are checked in ../test_server_args_resolution.py with theirs. The checks every
 worker-v2 release shares are tested in ../test_verify_path_worker_v2.py; the fixtures (`check`:
 the JSON one check of checks_0523.py printed) are in ../conftest.py.
 """
@@ -19,7 +20,9 @@ from patching.sglang_args_probe import WIDE_ROWS, compare, write_tiny_model_dirs
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.config.rules import max_tree_budget
 
-RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+# The releases whose server arguments live in arg_groups/fields/ (0.5.20 on).
+FIELDS_RELEASES = RELEASES[1:]
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -68,6 +71,7 @@ def test_draft_runner_keeps_the_block_while_the_target_verifies_the_width(
     assert got["block_rows_untouched"]
 
 
+@pytest.mark.parametrize("release", FIELDS_RELEASES)
 def test_server_args_widen_the_tree_verify(
     release: str,
     staging_python: str,
