@@ -121,6 +121,18 @@ SETUP_PARALLEL = (
     }
 )
 
+# How the Mamba pool learns whether the extra buffer is on: 0.5.19 asks the module-level
+# mamba_extra_buffer_enabled() and mamba_extra_buffer_lazy_enabled() (which read the memory
+# namespace), later releases get_exec().
+EXTRA_BUFFER = (
+    {
+        "mamba_extra_buffer_enabled": lambda: False,
+        "mamba_extra_buffer_lazy_enabled": lambda: False,
+    }
+    if RELEASE == "0.5.19"
+    else {}
+)
+
 
 def _greedy_verify(target, vocab) -> dict:
     """How the verify's greedy choice reaches `_ddtree_accept_block`: 0.5.23 may hand over the
@@ -472,7 +484,7 @@ def hybrid_conv_window_layout():
                                                  disable_overlap_schedule=False),
             get_memory=lambda: SimpleNamespace(enable_page_major_kv_layout=False),
             max_speculative_num_draft_tokens=lambda: 16,
-            HybridReqToTokenPool=SimpleNamespace, **PD_PREFILL,
+            HybridReqToTokenPool=SimpleNamespace, **PD_PREFILL, **EXTRA_BUFFER,
         ):  # fmt: skip
             pool = K.KVCacheConfigurator._build_hybrid_req_pool(
                 configurator, max_num_reqs=4, extra_max_context_len=20
