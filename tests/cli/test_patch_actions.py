@@ -117,8 +117,8 @@ def test_unsupported_release_is_refused_before_anything_is_written(
     assert code == 5
     assert err.strip() == (
         "error: SGLang 0.5.18 has no patch set (supported: ==0.5.11, <=0.5.12.post1,>=0.5.12, "
-        "<=0.5.13.post1,>=0.5.13, ==0.5.14, ==0.5.15, ==0.5.15.post1, ==0.5.16, ==0.5.20, "
-        "==0.5.21, ==0.5.22, ==0.5.23); pin a supported release in the host's sglang config, or "
+        "<=0.5.13.post1,>=0.5.13, ==0.5.14, ==0.5.15, ==0.5.15.post1, ==0.5.16, ==0.5.19, "
+        "==0.5.20, ==0.5.21, ==0.5.22, ==0.5.23); pin a supported release in the host's sglang config, or "
         "run `ddtree-deploy action=port sglang.version=0.5.18` for a candidate set to review."
     )
     assert not (tmp_path / "state").exists()
