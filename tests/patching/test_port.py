@@ -898,9 +898,8 @@ def test_port_to_a_post_release_writes_the_shipped_derived_set(tmp_path: Path) -
 
 # ---------------------------------------------------------------- 0.5.20 -> 0.5.19 (backwards)
 
-ANNOTATED = (
-    "0.5.19"  # the last release whose server-argument fields are annotated in server_args.py
-)
+# The last release whose server-argument fields are annotated in server_args.py.
+ANNOTATED = "0.5.19"
 HELPERS_0519 = "0004-ddtree-verify-input.patch"
 # 0.5.20's hunks whose context 0.5.19 lacks: it has no UNO member to anchor DDTREE after, no
 # arg_groups/fields/spec.py (0002 adds the fields to server_args.py's speculative section, as
