@@ -21,8 +21,8 @@ from ddtree_deploy.config import compose_config
 from ddtree_deploy.config.rules import max_tree_budget
 
 RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
-# The releases whose server arguments live in arg_groups/fields/ (0.5.20 on).
-FIELDS_RELEASES = RELEASES[1:]
+# The release whose server arguments are annotated in server_args.py, checked elsewhere.
+ANNOTATED = "0.5.19"
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -71,7 +71,6 @@ def test_draft_runner_keeps_the_block_while_the_target_verifies_the_width(
     assert got["block_rows_untouched"]
 
 
-@pytest.mark.parametrize("release", FIELDS_RELEASES)
 def test_server_args_widen_the_tree_verify(
     release: str,
     staging_python: str,
@@ -84,6 +83,8 @@ def test_server_args_widen_the_tree_verify(
     budgets 31 and 63 resolve to verify widths (and reservations) 32 and 64 with the drafter's
     block 16, shadow_linear keeps 16, DFLASH resolves as on the pristine files, budget 64 is
     refused with its sentence. The limit is the one compose time enforces for the release."""
+    if release == ANNOTATED:
+        pytest.skip("0.5.19's server arguments: ../../test_server_args_resolution.py")
     limit = max_tree_budget(compose_config([f"sglang=v{release.replace('.', '_')}"]))
     model, draft = write_tiny_model_dirs(tmp_path)
     rows = compare(
