@@ -14,7 +14,7 @@ import pytest
 from staging import require_staging_venv, staging_site_dirs
 
 from ddtree_deploy.cli import main
-from ddtree_deploy.patching.manifest import select_patch_set
+from ddtree_deploy.patching.manifest import load_patch_sets, select_patch_set
 
 TARGETS = len({f.path for p in select_patch_set("0.5.11").patches for f in p.files})
 
@@ -108,18 +108,18 @@ def test_unsupported_release_is_refused_before_anything_is_written(
         [
             "action=patch",
             f"host.sglang_venv={sglang_venv}",
-            "sglang.version=0.5.18",
+            "sglang.version=0.5.24",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
         ]
     )
     err = capsys.readouterr().err
     assert code == 5
+    supported = ", ".join(str(s.release) for s in load_patch_sets())  # one per shipped set
     assert err.strip() == (
-        "error: SGLang 0.5.18 has no patch set (supported: ==0.5.11, <=0.5.12.post1,>=0.5.12, "
-        "<=0.5.13.post1,>=0.5.13, ==0.5.14, ==0.5.15, ==0.5.15.post1, ==0.5.16, ==0.5.19, "
-        "==0.5.20, ==0.5.21, ==0.5.22, ==0.5.23); pin a supported release in the host's sglang config, or "
-        "run `ddtree-deploy action=port sglang.version=0.5.18` for a candidate set to review."
+        f"error: SGLang 0.5.24 has no patch set (supported: {supported}); pin a supported release "
+        "in the host's sglang config, or run `ddtree-deploy action=port sglang.version=0.5.24` "
+        "for a candidate set to review."
     )
     assert not (tmp_path / "state").exists()
     assert _record_matches(sglang_venv)

@@ -261,10 +261,11 @@ def resolve_server_args(
     return resolver.ask(argv, timeout)
 
 
-# Releases whose `_handle_dflash` refuses a CPU device (0.5.16: CUDA only; 0.5.19: CUDA or NPU;
-# 0.5.23 has its own checks): their arguments resolve for CUDA, with flashinfer, the attention
-# backend a tree needs.
-CUDA_ONLY_RELEASES = frozenset({"0.5.16", "0.5.19"})
+# Releases whose `_handle_dflash` refuses a CPU device (0.5.16: every device but CUDA; 0.5.17 and
+# 0.5.19: but CUDA and NPU, and the 0.5.17 and 0.5.19 sets refuse NPU for DDTREE; 0.5.23 has its
+# own checks): their arguments resolve for CUDA, with flashinfer, the attention backend a tree
+# needs.
+CUDA_ONLY_RELEASES = frozenset({"0.5.16", "0.5.17", "0.5.19"})
 
 
 def release_device(release: str) -> tuple[str, tuple[str, ...]]:

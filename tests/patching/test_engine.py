@@ -221,7 +221,7 @@ def test_0512_set_serves_0512_and_its_post1_only() -> None:
     # or any other release must not be served by a range nobody checked it against.
     assert select_patch_set("0.5.12").name == "0.5.12"
     assert select_patch_set("0.5.12.post1").name == "0.5.12"
-    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.18"):
+    for other in ("0.5.12.post2", "0.5.12rc1", "0.5.11.post1", "0.5.24"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -232,7 +232,7 @@ def test_0513_set_serves_0513_and_its_post1_only() -> None:
     assert select_patch_set("0.5.13").name == "0.5.13"
     assert select_patch_set("0.5.13.post1").name == "0.5.13"
     assert select_patch_set("0.5.14").name == "0.5.14"
-    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.18"):
+    for other in ("0.5.13.post2", "0.5.13rc1", "0.5.24"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -261,23 +261,33 @@ def test_0515_sets_serve_0515_and_its_post1_each() -> None:
 
 
 def test_0516_set_serves_0516_only() -> None:
-    # 0.5.16 has no post release; a later one, a release candidate or 0.5.18 (which adds DFLASH
-    # gates of its own) must not be served by a pin nobody checked it against.
+    # 0.5.16 has no post release; a later one or a release candidate must not be served by a pin
+    # nobody checked it against, and 0.5.17 (which adds DFLASH gates of its own) has its own set.
     assert select_patch_set("0.5.16").name == "0.5.16"
-    for other in ("0.5.16.post1", "0.5.16rc1", "0.5.18"):
+    assert select_patch_set("0.5.17").name == "0.5.17"
+    for other in ("0.5.16.post1", "0.5.16rc1", "0.5.24"):
+        with pytest.raises(UnsupportedRelease):
+            select_patch_set(other)
+
+
+def test_0517_set_serves_0517_only() -> None:
+    # 0.5.18 drops the extra_buffer_lazy assert 0002 widens and adds dflash_disaggregation.py;
+    # a post release, a release candidate or a later release must not take this pin.
+    assert select_patch_set("0.5.17").name == "0.5.17"
+    for other in ("0.5.17.post1", "0.5.17rc1", "0.5.24"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
 
 def test_0522_set_serves_0522_only() -> None:
     # 0.5.22's set is 0.5.23's ported back, 0.5.21's is 0.5.22's, 0.5.20's is 0.5.21's and
-    # 0.5.19's is 0.5.20's; no pin stretches to a neighbour, a post release or a release below
-    # them without a set (0.5.18).
+    # 0.5.19's is 0.5.20's; no pin stretches to a neighbour's post release or release candidate,
+    # to a release below them without a set (0.5.18) or to a later release.
     for release in ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"):
         assert select_patch_set(release).name == release
     for other in (
         "0.5.22.post1", "0.5.22rc1", "0.5.21.post1", "0.5.21rc1", "0.5.20.post1", "0.5.20rc1",
-        "0.5.19.post1", "0.5.19rc1", "0.5.18",
+        "0.5.19.post1", "0.5.19rc1", "0.5.18", "0.5.24",
     ):  # fmt: skip
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)

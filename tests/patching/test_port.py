@@ -1,10 +1,11 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
-the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, and the 0.5.23 set back to 0.5.22, 0.5.22's to
-0.5.21, 0.5.21's to 0.5.20 and 0.5.20's to 0.5.19.
+the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, the 0.5.16 set to 0.5.17, and the 0.5.23 set
+back to 0.5.22, 0.5.22's to 0.5.21, 0.5.21's to 0.5.20 and 0.5.20's to 0.5.19.
 
-This is how the reviewed 0.5.12, 0.5.15, 0.5.16 and 0.5.19 to 0.5.22 sets (patches/sglang/<release>/)
-began; since they shipped, these tests port from a sets root holding the shipped source set alone,
-so they keep exercising a real port. The 0.5.15, 0.5.16 and 0.5.19 to 0.5.22 ones hold the
+This is how the reviewed 0.5.12, 0.5.15 to 0.5.17 and 0.5.19 to 0.5.22 sets
+(patches/sglang/<release>/) began; since they shipped, these tests port from a sets root holding
+the shipped source set alone, so they keep exercising a real port. The 0.5.15 to 0.5.17 and
+0.5.19 to 0.5.22 ones hold the
 reviewed set to that port: it fails exactly at the hunks the reviewed set rewrote, and with those
 patches taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
 
@@ -298,7 +299,7 @@ def test_patch_without_set_points_to_port(
     code = main(
         [
             "action=patch",
-            "sglang.version=0.5.17",
+            "sglang.version=0.5.24",
             f"host.sglang_venv={tmp_path / 'venv'}",
             f"host.state_dir={tmp_path / 'state'}",
             f"rollout.runs_dir={tmp_path / 'runs'}",
@@ -306,7 +307,7 @@ def test_patch_without_set_points_to_port(
     )
     err = capsys.readouterr().err
     assert code == 5
-    assert "run `ddtree-deploy action=port sglang.version=0.5.17`" in err
+    assert "run `ddtree-deploy action=port sglang.version=0.5.24`" in err
     assert not (tmp_path / "state").exists()
 
 
@@ -315,7 +316,7 @@ def test_patch_without_set_points_to_port(
     [
         # 0.5.15.post1 has its own (derived) set now.
         ("0.5.15.post2", "0.5.15.post1", "newest reviewed set"),
-        ("0.5.18", "0.5.16", "newest reviewed set"),  # by the rule: 0.5.19 is above it
+        ("0.5.18", "0.5.17", "newest reviewed set"),  # by the rule: 0.5.19 is above it
         ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
@@ -546,22 +547,29 @@ def port_0515(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
     return port_patch_set(PORTED_0516, root=root, wheel=wheel_path(PORTED_0516))
 
 
-@pytest.fixture(scope="module")
-def port_0515_with_0516_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
-    """The shipped 0.5.15 set with the reviewed 0.5.16 set's rewritten patches, and its manifest
-    naming the 0.5.16 files and hashes (the rewritten patches start from 0.5.16's bytes, so the
-    hash chain of every target runs through 0.5.16's; the port reads no hash)."""
-    root = _shipped_root(tmp_path_factory.mktemp("p0515w"), "0.5.15")
-    source = root / "0.5.15"
-    for name in REWRITTEN_0516:
-        shutil.copy(patch_sets_root() / PORTED_0516 / name, source / name)
-    raw: dict[str, Any] = yaml.safe_load((source / "series.yaml").read_text())
-    ported = yaml.safe_load((patch_sets_root() / PORTED_0516 / "series.yaml").read_text())
-    files = {p["name"]: p["files"] for p in ported["patches"]}
+def _port_with_rewrites(
+    base: Path, source: str, release: str, rewritten: tuple[str, ...]
+) -> PortReport:
+    """The port to `release` of the shipped `source` set with `release`'s reviewed `rewritten`
+    patches, its manifest naming `release`'s files and hashes (the rewritten patches start from
+    `release`'s bytes, so the hash chain of every target runs through them; the port reads no
+    hash)."""
+    root = _shipped_root(base, source)
+    for name in rewritten:
+        shutil.copy(patch_sets_root() / release / name, root / source / name)
+    raw = _series(root / source)
+    files = {p["name"]: p["files"] for p in _series(patch_sets_root() / release)["patches"]}
     for entry in raw["patches"]:
         entry["files"] = files[entry["name"]]
-    (source / "series.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return port_patch_set(PORTED_0516, root=root, wheel=wheel_path(PORTED_0516))
+    (root / source / "series.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return port_patch_set(release, root=root, wheel=wheel_path(release))
+
+
+@pytest.fixture(scope="module")
+def port_0515_with_0516_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.15 set with the reviewed 0.5.16 set's rewritten patches."""
+    base = tmp_path_factory.mktemp("p0515w")
+    return _port_with_rewrites(base, "0.5.15", PORTED_0516, REWRITTEN_0516)
 
 
 def test_port_0515_to_0516_fails_only_at_the_rewritten_hunks(port_0515: PortReport) -> None:
@@ -984,3 +992,87 @@ def test_port_0520_with_0519_rewrites_regenerates_the_reviewed_set(
     unchanged (so a change to the 0.5.20 set that 0.5.19's code shares shows up here until 0.5.19
     carries it)."""
     _assert_regenerates_the_reviewed_set(port_0520_with_0519_rewrites, ANNOTATED)
+
+
+# ---------------------------------------------------------------- 0.5.16 -> 0.5.17
+
+PORTED_0517 = "0.5.17"
+_SERVER_ARGS_PY = "sglang/srt/server_args.py"
+# The patches of the 0.5.16 set the 0.5.17 set rewrote (each then taken whole from the 0.5.17 set):
+# the ones with failing hunks, and 0004, whose hunks fit but whose helpers 0.5.17 needs changed
+# (a deep copy of the read-only server args, the draft runner's spec-bag scope, the grammar
+# refusal), as 0002 and 0007 also gained hunks for 0.5.17's new gates.
+REWRITTEN_0517 = (REWRITTEN_0516[1], WORKER, HELPERS, REWRITTEN_0516[3])
+# The 0.5.16 hunks 0.5.17's code no longer fits, each with the port's reason: the server-args
+# fields carry NS("spec") (0.5.17 publishes them into its config bags); the worker imports the
+# exec bag and the grammar and simulated-acceptance helpers, and masks a grammar over its chain
+# before the accept; the Mamba pools read the top-k from the spec bag.
+FAILED_0517 = {
+    (REWRITTEN_0517[0], "server_args.py", 1): "context line '] = None' does not match line 2027 "
+    "('NS(\"spec\"),') at the closest match (4 of 7 lines)",
+    (WORKER, "dflash_worker_v2.py", 1): "context line ')' does not match line 31 ('from "
+    "sglang.srt.server_args import ServerArgs') at the closest match (8 of 14 lines)",
+    (WORKER, "dflash_worker_v2.py", 11): "context line 'lm_head=lm_head,' does not match line 1649 "
+    "('draft_tokens[:, 1:].copy_(draft_next)') at the closest match (18 of 24 lines)",
+    (WORKER, "dflash_worker_v2.py", 12): "context line 'candidates = draft_tokens' does not match "
+    "line 1718 ('# Constrain every chain position before accept picks from it.') at the closest "
+    "match (6 of 12 lines)",
+    **{
+        (REWRITTEN_0517[3], "kv_cache_configurator.py", i): "removed line "
+        "'speculative_eagle_topk=self.server_args.speculative_eagle_topk,' is not in the file"
+        for i in (2, 3)
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def port_0516(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0516"), PORTED_0516)
+    return port_patch_set(PORTED_0517, root=root, wheel=wheel_path(PORTED_0517))
+
+
+@pytest.fixture(scope="module")
+def port_0516_with_0517_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.16 set with the reviewed 0.5.17 set's rewritten patches."""
+    base = tmp_path_factory.mktemp("p0516w")
+    return _port_with_rewrites(base, PORTED_0516, PORTED_0517, REWRITTEN_0517)
+
+
+def test_port_0516_to_0517_fails_only_at_the_rewritten_hunks(port_0516: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0516.failed}
+    assert failed == FAILED_0517
+    assert len(port_0516.hunks) == 40
+    assert port_0516.candidate is None and port_0516.exit_code == 5
+
+
+def test_port_0516_to_0517_gates_are_the_reviewed_sets(port_0516: PortReport) -> None:
+    """The 7 sites the port left unreviewed are the ones the 0.5.17 set reviews new: string gates
+    around the ReplaySSM spec-verify and lazy Mamba caching (covered: DDTREE joins DFLASH there),
+    grammar overlap, an NPU verify layout and two gates 0.5.17 rewrote (widened); the 3 lines
+    0002 and 0007 write there are reviewed covered."""
+    written = frozenset(
+        (file, function, text)
+        for file, function, text in (
+            (_SERVER_ARGS_PY, "ServerArgs._validate_mamba_extra_buffer",
+             'assert algo not in ("DFLASH", "DDTREE"), ('),
+            (_SERVER_ARGS_PY, "ServerArgs._handle_linear_attn_backend",
+             'if _algo not in ("DSPARK", "DFLASH", "DDTREE") or verify not in ('),
+            ("sglang/srt/mem_cache/kv_cache_configurator.py",
+             "KVCacheConfigurator._build_hybrid_req_pool", 'and _algo in ("DSPARK", "DFLASH", "DDTREE")'),
+        )
+    )  # fmt: skip
+    unreviewed, reviewed = _assert_gates_are_the_reviewed_sets(
+        port_0516, PORTED_0517, PORTED_0516, written
+    )
+    dispositions = [reviewed[k].disposition.value for k in unreviewed]
+    assert sorted(dispositions) == ["covered"] * 3 + ["widened"] * 4
+    assert {reviewed[k].disposition.value for k in written} == {"covered"}
+
+
+def test_port_0516_with_0517_rewrites_regenerates_the_reviewed_set(
+    port_0516_with_0517_rewrites: PortReport,
+) -> None:
+    """Every other 0.5.16 patch ports to exactly the reviewed 0.5.17 diff, and the rewritten ones
+    come back unchanged (so a change to the 0.5.16 set that 0.5.17's code shares shows up here
+    until 0.5.17 carries it)."""
+    _assert_regenerates_the_reviewed_set(port_0516_with_0517_rewrites, PORTED_0517)

@@ -1,8 +1,8 @@
 """The server-args promise of each patch set whose arguments live in server_args.py, on the
 release's real parser: the v1 (DFlashWorker) releases, 0.5.14, the first DFlashWorkerV2 one
 (its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
-dataclass fields, the resolution is the same), 0.5.15 (the same layout) and 0.5.16 (the same
-layout; its `_handle_dflash` refuses any device but CUDA, as 0.5.23's does, so its arguments are
+dataclass fields, the resolution is the same), 0.5.15 (the same layout), 0.5.16 and 0.5.17 (the same
+layout; their `_handle_dflash` refuses a CPU device, as 0.5.23's does, so their arguments are
 resolved for CUDA with flashinfer, the backend a tree needs, as 0.5.23's are) and 0.5.19 (the
 last release with annotated fields in server_args.py, its handlers writing through
 declare_resolution; its `_handle_dflash` refuses a CPU device, so it resolves for CUDA too), each
@@ -37,8 +37,10 @@ from ddtree_deploy.patching.engine import SetState, apply_patch_set, plan_patch
 from patching.sglang_args_probe import (
     ROWS,
     WIDE_ROWS,
+    base_argv,
     compare,
     release_device,
+    resolve_server_args,
     write_tiny_model_dirs,
 )
 from patching.trees import REAL_RELEASES, real_patch_set
@@ -74,3 +76,31 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     failed = [(name, detail) for name, ok, detail in rows if not ok]
     assert failed == []
     assert len(rows) == (ROWS if limit == 15 else WIDE_ROWS)
+
+
+def test_0517_ddtree_tree_mode_refuses_the_replayssm_chain_commit(
+    make_tree: Callable[[str], Path], host: LocalHost, state: HostStateStore, tmp_path: Path
+) -> None:
+    """0.5.17's DFLASH resolves with the ReplaySSM spec-verify (static ragged mode); the 0.5.17
+    set refuses it for DDTREE tree mode (the ReplaySSM commit replays a chain) with a sentence,
+    while shadow_linear (DFLASH's chain) keeps the flag as DFLASH does. (Its NPU refusal cannot
+    resolve here, without torch_npu: v0517's verify-path checks call it.)"""
+    release = "0.5.17"
+    python = str(require_staging_venv(release) / "bin" / "python")
+    site = make_tree(release)
+    apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)
+    model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
+    device, extra_argv = release_device(release)
+
+    def resolved(algorithm: str, *argv: str) -> tuple[bool, str]:
+        args = [*base_argv(model_dir, draft_dir, device), *extra_argv]
+        got = resolve_server_args(
+            python, [*args, "--speculative-algorithm", algorithm, *argv], str(site)
+        )
+        return got.ok, got.error
+
+    replay = ("--enable-linear-replayssm-spec",)
+    assert resolved("DFLASH", *replay)[0]
+    tree = resolved("DDTREE", *replay)
+    assert not tree[0] and "DDTREE tree mode cannot use --enable-linear-replayssm-spec" in tree[1]
+    assert resolved("DDTREE", *replay, "--speculative-ddtree-mode", "shadow_linear")[0]

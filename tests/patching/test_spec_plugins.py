@@ -1,15 +1,15 @@
-"""What is new around DFLASH in SGLang 0.5.13 to 0.5.16, on the patched real release (staging
+"""What is new around DFLASH in SGLang 0.5.13 to 0.5.17, on the patched real release (staging
 venv, CPU).
 
 - Plugin registration (`SpeculativeAlgorithm.register`, 0.5.12+) still works on the patched tree.
   From 0.5.13 `register_algorithm` runs `_assert_custom_spec_algo_conforms`: every `is_*` /
   `supports_*` method of the enum must exist on the plugin class, so the enum's new `is_ddtree`
   needs `CustomSpecAlgo.is_ddtree` (0001); without it every registration raises `TypeError`.
-  DDTREE is a reserved plugin name (0.5.12: 0001 adds it to the frozenset; 0.5.13 to 0.5.16
+  DDTREE is a reserved plugin name (0.5.12: 0001 adds it to the frozenset; 0.5.13 on
   derive the reserved names from the enum). 0.5.16 adds `is_dflash_family()` (DFLASH or DSPARK),
   which most runtime gates ask: DDTREE is in the family through the widened `is_dflash()`, while
   DSPARK's own predicates (`is_dspark()`, `supports_ragged_verify()`) stay False for it.
-- The DFLASH dispatch moved to `arg_groups/speculative_hook.py` in 0.5.13 (0.5.14 to 0.5.16:
+- The DFLASH dispatch moved to `arg_groups/speculative_hook.py` in 0.5.13 (0.5.14 to 0.5.17:
   `SpeculativeAlgorithm.handle_server_args`), beside a new "--speculative-draft-window-size has
   no effect" warning that DDTREE must not get (its DFlash worker honours the window). The
   dispatch itself is held by `test_server_args_resolution.py`.
@@ -123,7 +123,7 @@ def test_plugin_registration_works_on_the_patched_release(
         assert "missing duck-typed methods" in got["stale"] and "is_ddtree" in got["stale"]
 
 
-@pytest.mark.parametrize("release", ["0.5.13", "0.5.14", "0.5.15", "0.5.16"])
+@pytest.mark.parametrize("release", ["0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17"])
 def test_draft_window_is_honoured_for_ddtree_without_the_no_effect_warning(
     release: str,
     make_tree: Callable[[str], Path],

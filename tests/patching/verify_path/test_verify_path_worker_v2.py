@@ -1,10 +1,10 @@
-"""The DDTREE verify path every worker-v2 release promises (0.5.14 to 0.5.16, 0.5.19 to 0.5.23),
+"""The DDTREE verify path every worker-v2 release promises (0.5.14 to 0.5.17, 0.5.19 to 0.5.23),
 on CPU.
 
 Each test runs against each release's real patched tree: the checks in its
-`v<release>/checks_<release>.py` (0.5.15 and 0.5.16: 0.5.14's; 0.5.19 to 0.5.22: 0.5.23's; the ones the
-releases share come from `worker_v2_checks.py`)
-print JSON under the release's staging venv (conftest.py here), and the tests assert on it.
+`v<release>/checks_<release>.py` (0.5.15 to 0.5.17: 0.5.14's; 0.5.19 to 0.5.22: 0.5.23's; the
+ones the releases share come from `worker_v2_checks.py`) print JSON under the release's staging
+venv (conftest.py here), and the tests assert on it.
 A release's worker checks report the same keys, so one assertion holds both; what only one
 release has is tested in its own test_verify_path_<release>.py. The backend refusal is checked
 through the real argument resolution (`sglang_args_probe`).
@@ -23,7 +23,17 @@ from pathlib import Path
 import pytest
 from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
 
-WORKER_V2_RELEASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+WORKER_V2_RELEASES = (
+    "0.5.14",
+    "0.5.15",
+    "0.5.16",
+    "0.5.17",
+    "0.5.19",
+    "0.5.20",
+    "0.5.21",
+    "0.5.22",
+    "0.5.23",
+)
 
 
 WORKER = Path("sglang/srt/speculative/dflash_worker_v2.py")

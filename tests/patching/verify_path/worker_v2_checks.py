@@ -1,4 +1,4 @@
-"""The DDTREE verify-path checks every worker-v2 release shares (0.5.14 to 0.5.16, 0.5.23).
+"""The DDTREE verify-path checks the worker-v2 releases share (0.5.14 to 0.5.17, 0.5.21 to 0.5.23).
 
 Imported by each release's `checks_<release>.py`, run inside that release's staging venv with
 the patched `sglang/` first on PYTHONPATH, then this folder and `kernels/` (ddtree_kernels, its

@@ -1,18 +1,18 @@
-"""Checks of the 0.5.14, 0.5.15 and 0.5.16 DDTREE verify paths, run inside the release's staging
-venv.
+"""Checks of the 0.5.14 to 0.5.17 DDTREE verify paths, run inside the release's staging venv.
 
 Run as `python checks_0514.py NAME|all` with the patched `sglang/` first on PYTHONPATH, then its
 parent folder (`worker_v2_checks.py`: the checks every worker-v2 release shares) and `kernels/`
 (ddtree_kernels, its pure-torch reference on CPU). Prints one `@@JSON@@` line per check; the
 pytest side (test_verify_path_worker_v2.py, test_verify_path_0514.py, test_verify_path_0515.py,
-test_verify_path_0516.py) asserts on it. The worker checks return the same keys as 0.5.23's, so the
-shared tests hold every release to one promise. 0.5.15's and 0.5.16's sets are 0.5.14's with the
-worker hunks rewritten, so one module serves the three: the few places the workers differ (how the
-tree proposal takes the batch and the host lengths; 0.5.15's draft runner server args and
-in-graph draft sampler; 0.5.16's ParallelState, hybrid detection from the model config, Mamba
-commit flag, draft runner builder and pools built by the KV-cache configurator) follow `RELEASE`.
+test_verify_path_0516.py, test_verify_path_0517.py) asserts on it. The worker checks return the same
+keys as 0.5.23's, so the shared tests hold every release to one promise. 0.5.15's to 0.5.17's sets
+are 0.5.14's with the worker hunks rewritten, so one module serves the four: the few places the
+workers differ (how the tree proposal takes the batch and the host lengths; 0.5.15's draft runner
+server args and in-graph draft sampler; 0.5.16's ParallelState, hybrid detection from the model
+config, Mamba commit flag, draft runner builder and pools built by the KV-cache configurator;
+0.5.17's config bags, read-only server args and grammar) follow `RELEASE`.
 
-Real: the DFlashWorkerV2 methods the 0.5.14 to 0.5.16 patches add or change, called unbound,
+Real: the DFlashWorkerV2 methods the 0.5.14 to 0.5.17 patches add or change, called unbound,
 DFlash's own greedy head and accept rule (`compute_dflash_correct_drafts_and_bonus`, the torch
 version the worker falls back to), the linear-attention backend and SGLang's Triton conv kernel
 (interpreted on CPU: TRITON_INTERPRET=1). TEST DOUBLES, because the real objects need a GPU or a scheduler:
@@ -40,6 +40,7 @@ from worker_v2_checks import (
     WIDTH,
     argmax_logits,
     branching_case,
+    ddtree_spec,
     init_results,
     patched,
     propose_tree_results,
@@ -204,7 +205,9 @@ def worker_mamba_commit():
         ),
         _need_mamba_verify_commit=True,  # 0.5.16: set in init_attention_backends
     )
-    batch = SimpleNamespace(mamba_track_indices=None, seq_lens=torch.tensor([14, 21]))
+    batch = SimpleNamespace(  # 0.5.17 also hands the backend the request pool indices
+        mamba_track_indices=None, seq_lens=torch.tensor([14, 21]), req_pool_indices=torch.arange(2)
+    )
     accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
     commit = torch.tensor([4, 1], dtype=torch.int32)
     kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
@@ -348,27 +351,58 @@ def _mixin_pool_topks(pool_args) -> dict[str, int]:
     raise AssertionError("_init_pools built no hybrid request pool")
 
 
+def _config_bags(args) -> dict:
+    """0.5.17 reads resolved config from its namespace bags (get_spec() and the others), not the
+    server args: TEST DOUBLES of the bags a module reads, holding `args`' values."""
+    if not hasattr(W, "get_spec"):  # up to 0.5.16
+        return {}
+    mamba = SimpleNamespace(
+        enable_linear_replayssm_spec=False, enable_linear_replayssm=args.enable_linear_replayssm,
+        linear_replayssm_cache_len=args.linear_replayssm_cache_len,
+    )  # fmt: skip
+    bags = {
+        "get_spec": args,
+        "get_exec": SimpleNamespace(
+            features=SimpleNamespace(enable_memory_saver=args.enable_memory_saver), mamba=mamba
+        ),
+        "get_schedule": SimpleNamespace(
+            max_mamba_cache_size=args.max_mamba_cache_size,
+            disable_overlap_schedule=args.disable_overlap_schedule,
+        ),
+        "get_memory": SimpleNamespace(enable_page_major_kv_layout=False),
+    }
+    return {name: (lambda bag=bag: bag) for name, bag in bags.items()}
+
+
 def _configurator_pool_topks(pool_args) -> dict[str, int]:
-    """0.5.16: the eagle top-k the KV-cache configurator hands the hybrid request pool and the
-    disaggregated decode side's hybrid pool (`KVCacheConfigurator._build_hybrid_req_pool`,
-    `_build_hybrid_mamba_decode_req_pool`, both real). TEST DOUBLES: the configurator (the
-    attributes the methods read) and the pool classes, which keep their arguments (a real pool
-    allocates on CUDA)."""
+    """0.5.16 and 0.5.17: the eagle top-k the KV-cache configurator hands the hybrid request pool
+    and the disaggregated decode side's hybrid pool (`KVCacheConfigurator._build_hybrid_req_pool`,
+    `_build_hybrid_mamba_decode_req_pool`, both real; 0.5.17 reads the top-k from the spec bag).
+    TEST DOUBLES: the configurator (the attributes the methods read), 0.5.17's config bags and the
+    pool classes, which keep their arguments (a real pool allocates on CUDA)."""
     from sglang.srt.disaggregation import decode
     from sglang.srt.mem_cache import kv_cache_configurator as K
 
+    bags = _config_bags(pool_args)
+    server_args = pool_args
+    if bags:  # 0.5.17 upper-cases the server args' algorithm, a name there (the bag's may not be)
+        name = getattr(pool_args.speculative_algorithm, "name", pool_args.speculative_algorithm)
+        server_args = SimpleNamespace(**{**vars(pool_args), "speculative_algorithm": name})
     configurator = SimpleNamespace(
-        server_args=pool_args, hybrid_gdn_config=object(), device="cpu",
-        model_config=SimpleNamespace(context_len=256),
+        server_args=server_args, hybrid_gdn_config=object(), device="cpu",
+        model_config=SimpleNamespace(context_len=256, hf_config=None),
         mambaish_config=SimpleNamespace(mamba2_cache_params=SimpleNamespace(layers=[0, 1])),
         layer_info=SimpleNamespace(start_layer=0, end_layer=2),
     )  # fmt: skip
     build = K.KVCacheConfigurator
-    with patched(K, HybridReqToTokenPool=SimpleNamespace):
+    with patched(K, HybridReqToTokenPool=SimpleNamespace, **bags):
         hybrid = build._build_hybrid_req_pool(
             configurator, max_num_reqs=4, extra_max_context_len=20
         )
-    with patched(decode, HybridMambaDecodeReqToTokenPool=SimpleNamespace):
+    with (
+        patched(decode, HybridMambaDecodeReqToTokenPool=SimpleNamespace),
+        patched(K, **bags),
+    ):
         disagg = build._build_hybrid_mamba_decode_req_pool(
             configurator, max_num_reqs=4, extra_max_context_len=20, pre_alloc_size=0
         )
@@ -384,7 +418,7 @@ def hybrid_conv_window_layout():
 
     Real: the release's pool construction (0.5.14/0.5.15: the model runner's KV-cache mixin;
     0.5.16: the KV-cache configurator) and its own layout rule `conv_window_dedup_enabled`,
-    asked as on CUDA (not NPU, not CPU; 0.5.16 also asks: not KDA)."""
+    asked as on CUDA (not NPU, not CPU; from 0.5.16 also: not KDA)."""
     from sglang.srt.mem_cache import memory_pool
 
     def dedup_on_cuda(topk):
@@ -421,14 +455,15 @@ def hybrid_conv_window_layout():
 
 
 def _resolved_server_args(**fields):
-    """TEST DOUBLE of a resolved ServerArgs: the real class (its cached reservation property),
+    """TEST DOUBLE of a resolved ServerArgs: the real class (its cached reservation property and,
+    from 0.5.16, its guard against assignments after resolution: 0.5.17 raises on every one),
     built without __post_init__, holding only the fields the checks read."""
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs.__new__(ServerArgs)
     args.__dict__.update(
         {"speculative_adaptive": False, "speculative_draft_attention_backend": "flashinfer",
-         "speculative_dflash_block_size": None, **fields}
+         "speculative_dflash_block_size": None, **fields, "_declarations_materialized": True}
     )  # fmt: skip
     return args
 
@@ -467,6 +502,10 @@ def draft_runner_server_args():
             wide.max_speculative_num_draft_tokens,
         ],
         "wide_is_copy": draft is not wide and type(draft) is ServerArgs,
+        # 0.5.17 logs every override on the object: the copy's must not land on the target.
+        "target_log_untouched": not any(
+            wide.__dict__.get(log) for log in ("_resolved_overrides", "_runtime_mutations")
+        ),
         "copy_keeps_backend": draft.speculative_draft_attention_backend == "flashinfer",
         "same_object": same_object,
     }
@@ -478,6 +517,13 @@ def draft_sampler_off_in_tree_mode():
     builds none for it; shadow_linear and DFLASH keep it (shadow_linear is DFlash's own chain).
     TEST DOUBLE: the worker (the attributes the method reads) and the TP-group getter."""
     weight = torch.randn(32, 8)
+    graph_config = SimpleNamespace(decode=SimpleNamespace(bs=[1, 4]))
+    # 0.5.17 reads the graph config from its exec bag.
+    exec_bag = (
+        {"get_exec": lambda: SimpleNamespace(graph=SimpleNamespace(cuda_graph_config=graph_config))}
+        if hasattr(W, "get_exec")
+        else {}
+    )
 
     def build(mode):
         worker = SimpleNamespace(
@@ -486,10 +532,9 @@ def draft_sampler_off_in_tree_mode():
                 model_runner=SimpleNamespace(model=SimpleNamespace(
                     lm_head=SimpleNamespace(weight=weight)))
             ),
-            server_args=SimpleNamespace(
-                cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=[1, 4]))),
+            server_args=SimpleNamespace(cuda_graph_config=graph_config),
         )  # fmt: skip
-        with patched(W, get_tp_group=lambda: SimpleNamespace(world_size=1)):
+        with patched(W, get_tp_group=lambda: SimpleNamespace(world_size=1), **exec_bag):
             sampler = W.DFlashWorkerV2._maybe_build_draft_sampler(worker)
         return type(sampler).__name__
 
@@ -517,6 +562,15 @@ def draft_runner_built_at_the_block():
     def recorder(**kwargs):
         raise Built(kwargs)
 
+    def bare_worker():
+        """The worker before `__init__`: a namespace, or (0.5.17, whose `__init__` starts with
+        `super().__init__()`) an instance of a subclass with the abstract methods stubbed."""
+        if RELEASE in ("0.5.14", "0.5.15", "0.5.16"):
+            return SimpleNamespace()
+        abstract = W.DFlashWorkerV2.__abstractmethods__
+        cls = type("BareWorker", (W.DFlashWorkerV2,), dict.fromkeys(abstract))
+        return cls.__new__(cls)
+
     def built(algorithm, **fields):
         args = _resolved_server_args(page_size=1, speculative_draft_window_size=None, **fields)
         target = SimpleNamespace(
@@ -528,7 +582,7 @@ def draft_runner_built_at_the_block():
         kwargs: dict = {}
         with patched(W, build_draft_tp_worker=recorder):
             try:
-                W.DFlashWorkerV2.__init__(SimpleNamespace(), args, 0, State(), 0, target)
+                W.DFlashWorkerV2.__init__(bare_worker(), args, 0, State(), 0, target)
             except Built as done:
                 kwargs = done.args[0]
         draft = kwargs["server_args"]
@@ -553,11 +607,107 @@ def draft_runner_built_at_the_block():
     }  # fmt: skip
 
 
-if RELEASE != "0.5.14":  # what 0.5.15's and 0.5.16's workers have (test_verify_path_0515.py)
+def draft_runner_set_up_at_the_block():
+    """0.5.17's runners size their attention metadata and CUDA graphs from the spec bag
+    (get_spec()), and the draft runner sets them up after its build, outside the copy the build
+    publishes: the patched `init_attention_backends` and `init_cuda_graphs` run the draft
+    worker's inside a spec-bag override holding the drafter's block (tree mode wider than the
+    block), and the target's bag is as it was afterwards. Real: both worker methods, 0.5.17's
+    own config bag (`_ConfigBag` and its scoped override) and `ddtree_draft_spec_scope`. TEST
+    DOUBLES: the worker (the attributes the methods read), the draft worker, which records the
+    width the bag holds when each set-up runs, and the exec bag (graph capture off)."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.runtime_context import _ConfigBag
+
+    def widths(algorithm, width, mode="tree"):
+        spec = _ConfigBag("spec")
+        for name, value in (
+            ("speculative_algorithm", algorithm.name),
+            ("speculative_num_draft_tokens", width),
+            ("speculative_dflash_block_size", BLOCK),
+            ("speculative_ddtree_mode", mode),
+        ):
+            spec._set(name, value)
+        seen = []
+        draft = SimpleNamespace(
+            init_attention_backends=lambda: seen.append(spec.speculative_num_draft_tokens),
+            init_cuda_graphs=lambda **_: seen.append(spec.speculative_num_draft_tokens),
+        )
+        runner = _target_runner(hybrid=False)
+        runner.spec_algorithm, runner.attn_backend = algorithm, object()
+        worker = SimpleNamespace(_draft_worker=draft, model_runner=runner)
+        worker._draft_spec_scope = lambda: W.DFlashWorkerV2._draft_spec_scope(worker)
+        graph = SimpleNamespace(
+            cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(backend=Backend.DISABLED))
+        )
+        with patched(W, get_spec=lambda: spec, get_exec=lambda: SimpleNamespace(graph=graph)):
+            W.DFlashWorkerV2.init_attention_backends(worker)
+            W.DFlashWorkerV2.init_cuda_graphs(worker)
+        return {"draft": seen, "target_after": spec.speculative_num_draft_tokens}
+
+    return {
+        "wide_tree": widths(SpeculativeAlgorithm.DDTREE, WIDTH),
+        "shadow": widths(SpeculativeAlgorithm.DDTREE, BLOCK, mode="shadow_linear"),
+        "dflash": widths(SpeculativeAlgorithm.DFLASH, BLOCK),
+    }
+
+
+def requests_refused_for_ddtree():
+    """0.5.17 serves grammar-constrained requests with DFLASH (it masks and advances the grammar
+    over its verify chain); DDTREE's scheduler validation (`validate_dflash_request`, real)
+    refuses them, as every DFlash request was refused up to 0.5.16. The DDTree worker refuses
+    at start 0.5.17's SGLANG_SIMULATE_ACC_LEN, which forces DFLASH's chain acceptance, and
+    `_handle_ddtree_args` an NPU device, where 0.5.17's DFLASH runs and the DDTree kernels do not.
+    TEST DOUBLES: the request (the fields the validation reads), the spec bag, the worker and the
+    server args."""
+    import sglang.srt.runtime_context as ctx
+
+    def refusal(algorithm, grammar):
+        params = SimpleNamespace(
+            json_schema='{"type": "object"}' if grammar else None, regex=None, ebnf=None,
+            structural_tag=None,
+        )  # fmt: skip
+        req = SimpleNamespace(
+            return_logprob=False, return_hidden_states=False, sampling_params=params
+        )
+        spec = SimpleNamespace(speculative_algorithm=algorithm)
+        with patched(ctx, get_spec=lambda: spec):
+            return U.validate_dflash_request(req, False)
+
+    from sglang.srt.server_args import ServerArgs
+
+    # The NPU refusal of `_handle_ddtree_args` (real), on an unresolved ServerArgs double.
+    npu_args = ServerArgs.__new__(ServerArgs)
+    npu_args.__dict__.update(
+        device="npu", speculative_num_draft_tokens=BLOCK, speculative_ddtree_mode="tree",
+        speculative_ddtree_budget=None, speculative_ddtree_topk=None,
+        enable_linear_replayssm_spec=False,
+    )  # fmt: skip
+    try:
+        ServerArgs._handle_ddtree_args(npu_args)
+        npu = "accepted"
+    except ValueError as e:
+        npu = str(e)
+    with patched(W, SIMULATE_ACC_LEN=2.0):
+        simulated = _init(ddtree_spec())
+    return {
+        "npu": npu,
+        "ddtree_grammar": refusal("DDTREE", True),
+        "ddtree_plain": refusal("DDTREE", False),
+        "dflash_grammar": refusal("DFLASH", True),
+        "simulated_acceptance": simulated,
+        "plain_init": _init(ddtree_spec()),
+    }
+
+
+if RELEASE != "0.5.14":  # what 0.5.15's to 0.5.17's workers have (test_verify_path_0515.py)
     check(draft_runner_server_args)
     check(draft_sampler_off_in_tree_mode)
-if RELEASE not in ("0.5.14", "0.5.15"):  # what only 0.5.16's has (test_verify_path_0516.py)
+if RELEASE not in ("0.5.14", "0.5.15"):  # 0.5.16's and 0.5.17's (test_verify_path_0516.py)
     check(draft_runner_built_at_the_block)
+if RELEASE not in ("0.5.14", "0.5.15", "0.5.16"):  # only 0.5.17's (test_verify_path_0517.py)
+    check(draft_runner_set_up_at_the_block)
+    check(requests_refused_for_ddtree)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""What 0.5.14's, 0.5.15's and 0.5.16's DDTREE verify paths have and 0.5.23's does not, on CPU
-against each real patched release (0.5.15's and 0.5.16's sets are 0.5.14's with the worker hunks
-rewritten; checks_0514.py serves the three).
+"""What 0.5.14's to 0.5.17's DDTREE verify paths have and 0.5.23's does not, on CPU against each
+real patched release (0.5.15's to 0.5.17's sets are 0.5.14's with the worker hunks rewritten;
+checks_0514.py serves the four).
 
 The checks every worker-v2 release shares are tested in ../test_verify_path_worker_v2.py, what
-only 0.5.15 and 0.5.16 have in ../v0515/ and ../v0516/; the fixtures (`check`: the JSON one
+only 0.5.15 to 0.5.17 have in ../v0515/ to ../v0517/; the fixtures (`check`: the JSON one
 check of checks_0514.py printed) are in ../conftest.py.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-RELEASES = ("0.5.14", "0.5.15", "0.5.16")
+RELEASES = ("0.5.14", "0.5.15", "0.5.16", "0.5.17")
 
 
 @pytest.fixture(scope="module", params=RELEASES)

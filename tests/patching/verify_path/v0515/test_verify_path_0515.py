@@ -1,12 +1,12 @@
-"""What 0.5.15's DDTREE verify path has and 0.5.14's does not (0.5.16's has it too), on CPU
-against each real patched release.
+"""What 0.5.15's DDTREE verify path has and 0.5.14's does not (0.5.16's and 0.5.17's have it
+too), on CPU against each real patched release.
 
-0.5.15's and 0.5.16's sets are 0.5.14's with the DFlashWorkerV2 hunks rewritten, so their checks
+0.5.15's to 0.5.17's sets are 0.5.14's with the DFlashWorkerV2 hunks rewritten, so their checks
 are 0.5.14's (v0514/checks_0514.py, run in each release's staging venv: conftest.SHARED_CHECKS);
 the checks they share are tested in ../test_verify_path_worker_v2.py and
 ../v0514/test_verify_path_0514.py. Here: the two places 0.5.15's worker changed under the patches,
 its draft runner built from the target's own server arguments and its greedy draft head folded
-into the draft CUDA graph; 0.5.16 keeps both (how it builds the draft runner: ../v0516/).
+into the draft CUDA graph; 0.5.16 and 0.5.17 keep both (how they build the draft runner: ../v0516/).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-RELEASES = ("0.5.15", "0.5.16")
+RELEASES = ("0.5.15", "0.5.16", "0.5.17")
 
 
 @pytest.fixture(scope="module", params=RELEASES)
