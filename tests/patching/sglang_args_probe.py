@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,7 +224,12 @@ class _Resolver:
             self.proc.wait()
 
 
-_RESOLVERS: dict[tuple[str, str | None], _Resolver] = {}
+# Warm children, most recently used last. Each holds SGLang imported (about 550 MB), and a
+# worker meets every release's patched and pristine trees in turn: kept unbounded, sixteen
+# releases' children outgrew a 24 GB machine. One compare() alternates two roots (patched and
+# pristine), so three keep it warm; an older child is closed when a fourth is needed.
+MAX_WARM_RESOLVERS = 3
+_RESOLVERS: OrderedDict[tuple[str, str | None], _Resolver] = OrderedDict()
 
 
 @atexit.register
@@ -255,9 +261,12 @@ def resolve_server_args(
     """Resolve `argv` with `prepare_server_args` in a fork of a child interpreter that has
     imported it (one child per interpreter and `sglang_root`, started on first use)."""
     key = (python, sglang_root)
-    resolver = _RESOLVERS.get(key)
+    resolver = _RESOLVERS.pop(key, None)
     if resolver is None or resolver.proc.poll() is not None:
-        resolver = _RESOLVERS[key] = _Resolver(python, sglang_root)
+        while len(_RESOLVERS) >= MAX_WARM_RESOLVERS:
+            _RESOLVERS.popitem(last=False)[1].close()
+        resolver = _Resolver(python, sglang_root)
+    _RESOLVERS[key] = resolver
     return resolver.ask(argv, timeout)
 
 
