@@ -122,6 +122,6 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
     assert found["module"].startswith(str(target))
     assert found["patch_sets"] == [
         "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
-        "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+        "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
     ]  # fmt: skip
     assert found["kernels_setup"] and found["unit_mentions_ddtree"]

@@ -87,6 +87,7 @@ def test_compose_local_paths_follow_ddtree_deploy_home(monkeypatch: pytest.Monke
         "v0_5_16",
         "v0_5_17",
         "v0_5_18",
+        "v0_5_19",
         "v0_5_20",
         "v0_5_21",
         "v0_5_22",

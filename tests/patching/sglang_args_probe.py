@@ -271,9 +271,9 @@ def resolve_server_args(
 
 
 # Releases whose `_handle_dflash` refuses a CPU device (0.5.16: every device but CUDA; 0.5.17 and
-# 0.5.18: but CUDA and NPU, and their sets refuse NPU for DDTREE; 0.5.23 has its own checks): their
-# arguments resolve for CUDA, with flashinfer, the attention backend a tree needs.
-CUDA_ONLY_RELEASES = frozenset({"0.5.16", "0.5.17", "0.5.18"})
+# 0.5.18 and 0.5.19: but CUDA and NPU, and their sets refuse NPU for DDTREE; 0.5.20 on: v0523's own
+# checks): their arguments resolve for CUDA, with flashinfer, the attention backend a tree needs.
+CUDA_ONLY_RELEASES = frozenset({"0.5.16", "0.5.17", "0.5.18", "0.5.19"})
 
 
 def release_device(release: str) -> tuple[str, tuple[str, ...]]:

@@ -1,12 +1,11 @@
 """action=port on real wheels: the 0.5.11 set (whole, and the part of it that still fits) to 0.5.12,
 the 0.5.14 set to 0.5.15, the 0.5.15 set to 0.5.16, the 0.5.16 set to 0.5.17, the 0.5.17 set to
-0.5.18, and the 0.5.23 set
-back to 0.5.22, 0.5.22's to 0.5.21 and 0.5.21's to 0.5.20.
+0.5.18, and the 0.5.23 set back to 0.5.22, 0.5.22's to 0.5.21, 0.5.21's to 0.5.20 and 0.5.20's to
+0.5.19.
 
-This is how the reviewed 0.5.12, 0.5.15 to 0.5.18 and 0.5.20 to 0.5.22 sets
-(patches/sglang/<release>/) began; since they shipped, these tests port from a sets root holding
-the shipped source set alone, so they keep exercising a real port. The 0.5.15 to 0.5.18 and
-0.5.20 to 0.5.22 ones hold the
+This is how the reviewed 0.5.12 and 0.5.15 to 0.5.22 sets (patches/sglang/<release>/) began; since
+they shipped, these tests port from a sets root holding the shipped source set alone, so they keep
+exercising a real port. The 0.5.15 to 0.5.22 ones hold the
 reviewed set to that port: it fails exactly at the hunks the reviewed set rewrote, and with those
 patches taken from the reviewed set it regenerates it, hashes, diffs and gate reviews.
 
@@ -317,7 +316,7 @@ def test_patch_without_set_points_to_port(
     [
         # 0.5.15.post1 has its own (derived) set now.
         ("0.5.15.post2", "0.5.15.post1", "newest reviewed set"),
-        ("0.5.19", "0.5.18", "newest reviewed set"),  # by the rule: 0.5.20 is above it
+        ("0.5.18.post1", "0.5.18", "newest reviewed set"),
         ("0.5.22.post1", "0.5.22", "newest reviewed set"),
         ("0.5.24", "0.5.23", "newest reviewed set"),
         ("0.5.10", "0.5.11", "oldest one above it"),
@@ -903,6 +902,96 @@ def test_port_to_a_post_release_writes_the_shipped_derived_set(tmp_path: Path) -
         (p.name, p.files, p.diff_path.name) for p in shipped.patches
     ]
     assert ported.gates == shipped.gates
+
+
+# ---------------------------------------------------------------- 0.5.20 -> 0.5.19 (backwards)
+
+# The last release whose server-argument fields are annotated in server_args.py.
+ANNOTATED = "0.5.19"
+HELPERS_0519 = "0004-ddtree-verify-input.patch"
+# 0.5.20's hunks whose context 0.5.19 lacks: it has no UNO member to anchor DDTREE after, no
+# arg_groups/fields/spec.py (0002 adds the fields to server_args.py's speculative section, as
+# 0.5.16's set does), a DFLASH device check of CUDA or NPU on one line (no XPU); its worker enters
+# no draft TP scope at all (its draft runner shares the target's TP group), has no Domino head,
+# and its third Mamba request pool spells its layer ids inline.
+ANNOTATED_FAILED = {
+    (ENUM, "spec_info.py", 1): "context line 'UNO = auto()' is not in the file",
+    (SERVER_ARGS, "spec.py", 1): "sglang/srt/arg_groups/fields/spec.py is not in sglang==0.5.19",
+    (SERVER_ARGS, "spec.py", 2): "sglang/srt/arg_groups/fields/spec.py is not in sglang==0.5.19",
+    (SERVER_ARGS, "speculative_hook.py", 2): "removed line 'if not (' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 3): "context line "
+    "'draft_init_ctx = draft_tp_context(get_parallel().attn_tp_group)' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 5): "context line "
+    "'if self._is_domino and self.block_size <= 1:' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 7): "removed line "
+    "'with self.draft_tp_context(self.draft_model_runner.tp_group):' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 8): "removed line "
+    "'with self.draft_tp_context(self.draft_model_runner.tp_group):' is not in the file",
+    (WORKER, "dflash_worker_v2.py", 14): "context line "
+    "'anchor_token_ids=block_ids[:, 0],' is not in the file",
+    ("0006-hybrid-mamba-pool-ddtree-tree.patch", "kv_cache_configurator.py", 3): "context line "
+    "'mamba_layer_ids=self._get_mamba_layer_ids_for_req_pool(),' is not in the file",
+}
+# A hunk that lands with fuzz 2 in the wrong place: the tree's retrieve arrays would replace the
+# chain's after the sampling kernel ran, not before. 0004 was rewritten to put it back.
+ANNOTATED_MISPLACED = (HELPERS_0519, "dflash_utils.py", 3)
+ANNOTATED_REWRITTEN = sorted({p for p, _, _ in ANNOTATED_FAILED} | {ANNOTATED_MISPLACED[0]})
+
+
+@pytest.fixture(scope="module")
+def port_0520(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    root = _shipped_root(tmp_path_factory.mktemp("p0520"), SIGNATURE_PS)
+    return port_patch_set(ANNOTATED, root=root, wheel=wheel_path(ANNOTATED))
+
+
+@pytest.fixture(scope="module")
+def port_0520_with_0519_rewrites(tmp_path_factory: pytest.TempPathFactory) -> PortReport:
+    """The shipped 0.5.20 set with the reviewed 0.5.19 set's rewritten patches, every patch
+    taking 0.5.19's file hashes (0002 names server_args.py where 0.5.20's names fields/spec.py)."""
+    root = _shipped_root(tmp_path_factory.mktemp("p0520r"), SIGNATURE_PS)
+    source = root / SIGNATURE_PS
+    series = _series(source)
+    ours = {p["name"]: p for p in _series(patch_sets_root() / ANNOTATED)["patches"]}
+    for entry in series["patches"]:
+        entry["files"] = ours[entry["name"]]["files"]
+        if entry["name"] in ANNOTATED_REWRITTEN:
+            shutil.copy(patch_sets_root() / ANNOTATED / entry["name"], source / entry["name"])
+    (source / "series.yaml").write_text(yaml.safe_dump(series, sort_keys=False))
+    return port_patch_set(ANNOTATED, root=root, wheel=wheel_path(ANNOTATED))
+
+
+def test_port_0520_to_0519_fails_only_at_the_rewritten_hunks(port_0520: PortReport) -> None:
+    failed = {(h.fit.patch, h.file.name, h.fit.index): h.fit.mismatch for h in port_0520.failed}
+    assert failed == ANNOTATED_FAILED
+    misplaced = next(
+        h for h in port_0520.hunks if (h.fit.patch, h.file.name, h.fit.index) == ANNOTATED_MISPLACED
+    )
+    assert misplaced.status is HunkStatus.fuzzed
+    assert port_0520.candidate is None and port_0520.exit_code == 5
+
+
+def test_port_0520_to_0519_gates_are_the_reviewed_sets(port_0520: PortReport) -> None:
+    """0.5.19 has no gate site 0.5.20's set does not review, so the port leaves none unreviewed
+    and the 0.5.19 set reviews nothing new; the reviews left behind are the three sites 0.5.19
+    lacks (two Ascend attention gates, the PD DFlash draft input) and the DDTREE lines the
+    patches write, which the failed port never scanned."""
+    unreviewed, _ = _assert_gates_are_the_reviewed_sets(port_0520, ANNOTATED, SIGNATURE_PS)
+    assert unreviewed == set()
+    shipped = {_gate_key(g) for g in load_patch_set(patch_sets_root() / SIGNATURE_PS).gates}
+    reviewed = {_gate_key(g) for g in load_patch_set(patch_sets_root() / ANNOTATED).gates}
+    assert {(k[0].rsplit("/", 1)[1], k[1]) for k in shipped - reviewed} == {
+        ("ascend_backend.py", "AscendAttnBackend.init_forward_metadata"),
+        ("spec_info.py", "SpeculativeAlgorithm.build_disagg_draft_input"),
+    }
+
+
+def test_port_0520_with_0519_rewrites_regenerates_the_reviewed_set(
+    port_0520_with_0519_rewrites: PortReport,
+) -> None:
+    """0.5.20's 0005 ports to exactly the reviewed 0.5.19 diff, and the rewritten ones come back
+    unchanged (so a change to the 0.5.20 set that 0.5.19's code shares shows up here until 0.5.19
+    carries it)."""
+    _assert_regenerates_the_reviewed_set(port_0520_with_0519_rewrites, ANNOTATED)
 
 
 # ---------------------------------------------------------------- 0.5.16 -> 0.5.17

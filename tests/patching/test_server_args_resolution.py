@@ -3,8 +3,10 @@ release's real parser: the v1 (DFlashWorker) releases, 0.5.14, the first DFlashW
 (its DFLASH dispatch moved into SpeculativeAlgorithm.handle_server_args, the fields are annotated
 dataclass fields, the resolution is the same), 0.5.15 (the same layout), 0.5.16 and 0.5.17 (the same
 layout; their `_handle_dflash` refuses a CPU device, as 0.5.23's does, so their arguments are
-resolved for CUDA with flashinfer, the backend a tree needs, as 0.5.23's are), each .post release
-on its own wheel.
+resolved for CUDA with flashinfer, the backend a tree needs, as 0.5.23's are) and 0.5.19 (the
+last release with annotated fields in server_args.py, its handlers writing through
+declare_resolution; its `_handle_dflash` refuses a CPU device, so it resolves for CUDA too), each
+.post release on its own wheel.
 
 For every release listed, the engine applies the shipped set to a real unpack of the wheel, and
 `sglang_args_probe.compare` resolves arguments with that release's own `prepare_server_args` in

@@ -5,12 +5,12 @@ radix cache is on; the units rendered for the CT hosts once carried nothing abou
 linear-DFlash baseline could never start. 0.5.14 to 0.5.17 (spec-v2 worker) no longer refuse:
 with the radix cache on they switch the mamba cache to the extra_buffer strategy, which needs CUDA
 (FLA) and is not proven with DFLASH or DDTREE on a GPU yet, so their units keep the radix cache
-off too. 0.5.20 and 0.5.21 (FLA again), 0.5.22 and 0.5.23 (their platform's Mamba state snapshots)
+off too. 0.5.19 to 0.5.21 (FLA again), 0.5.22 and 0.5.23 (their platform's Mamba state snapshots)
 pick extra_buffer the same way, so their units keep it off as well (0.5.23's once started with it
 on).
 These tests resolve the rendered argv with the release's own `prepare_server_args` (staging venv,
-CPU; 0.5.16 serves DFLASH on CUDA only, 0.5.17 on CUDA or NPU, 0.5.20 to 0.5.23 on CUDA, NPU or
-XPU only, so their argv names CUDA, which resolves on a CPU).
+CPU; 0.5.16 serves DFLASH on CUDA only, 0.5.17 and 0.5.19 on CUDA or NPU, 0.5.20 to 0.5.23 on
+CUDA, NPU or XPU only, so their argv names CUDA, which resolves on a CPU).
 """
 
 from __future__ import annotations
@@ -44,16 +44,18 @@ WITH_RADIX_CACHE = {
     "0.5.16": "extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)",
     "0.5.17": "extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)",
     "0.5.18": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
+    "0.5.19": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
     "0.5.20": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
     "0.5.21": "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)",
     "0.5.22": "extra_buffer requires platform support for Mamba cache state snapshots",
     "0.5.23": "extra_buffer requires platform support for Mamba cache state snapshots",
 }
-# The device a release's argv names: 0.5.16 to 0.5.18 and 0.5.20 to 0.5.23 refuse DFLASH on a CPU.
+# The device a release's argv names: 0.5.16 to 0.5.23 refuse DFLASH on a CPU.
 DEVICE = {
     "0.5.16": "cuda",
     "0.5.17": "cuda",
     "0.5.18": "cuda",
+    "0.5.19": "cuda",
     "0.5.20": "cuda",
     "0.5.21": "cuda",
     "0.5.22": "cuda",
@@ -75,7 +77,7 @@ def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
     assert resolved.ok, resolved.error
     assert resolved.fields["disable_radix_cache"] is True
     # What the release does without it: the refusal the rendered unit used to hit at start
-    # (0.5.14 to 0.5.17, 0.5.20 to 0.5.23: the extra_buffer strategy, which cannot run on this CPU).
+    # (0.5.14 to 0.5.17, 0.5.19 to 0.5.23: the extra_buffer strategy, which cannot run on this CPU).
     bare = resolve_server_args(python, [a for a in argv if a != "--disable-radix-cache"])
     assert not bare.ok
     assert WITH_RADIX_CACHE[release] in bare.error

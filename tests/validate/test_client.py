@@ -83,9 +83,9 @@ def test_expected_server_info_asks_for_the_wide_verify_width() -> None:
     # A set that keeps the block width (no ddtree_max_budget) is not asked for one.
     other = Expected.of(compose_config(["algo=ddtree", "sglang.ddtree_max_budget=null"])).fields
     assert "speculative_num_draft_tokens" not in other
-    # 0.5.20 to 0.5.23 widen too; their /server_info is resolved_dict(), where the width is a
+    # 0.5.19 to 0.5.23 widen too; their /server_info is resolved_dict(), where the width is a
     # flat field.
-    for release in ("v0_5_20", "v0_5_21", "v0_5_22", "v0_5_23"):
+    for release in ("v0_5_19", "v0_5_20", "v0_5_21", "v0_5_22", "v0_5_23"):
         wide = Expected.of(compose_config([f"sglang={release}", "algo=ddtree", "algo.budget=31"]))
         assert wide.fields["speculative_num_draft_tokens"] == 32, release
 

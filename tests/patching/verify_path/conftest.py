@@ -4,7 +4,7 @@ A test module (or its `release` fixture) names the release; `check(name)` gives 
 check printed. Every check of a release runs once per session, in one interpreter of that
 release's staging venv with a fork per check (checklib.py): `v<release>/checks_<release>.py`
 (or the module's `checks_script`: 0.5.11-0.5.13 share v0511/checks.py; 0.5.15 to 0.5.17 run
-0.5.14's, 0.5.20 to 0.5.22 0.5.23's: `SHARED_CHECKS`), with a patched copy of
+0.5.14's, 0.5.19 to 0.5.22 0.5.23's: `SHARED_CHECKS`), with a patched copy of
 the wheel's `sglang/` (the whole series applied by GNU patch at fuzz 0) first on PYTHONPATH,
 then this folder (checklib.py; `worker_v2_checks.py`, the checks the worker-v2 releases share)
 and `kernels/` (ddtree_kernels, pure-torch reference). Without the staging venv the tests skip,
@@ -39,6 +39,7 @@ SHARED_CHECKS = {
     "0.5.16": "0.5.14",
     "0.5.17": "0.5.14",
     "0.5.18": "0.5.14",
+    "0.5.19": "0.5.23",
     "0.5.20": "0.5.23",
     "0.5.21": "0.5.23",
     "0.5.22": "0.5.23",

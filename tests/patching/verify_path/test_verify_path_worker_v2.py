@@ -1,8 +1,8 @@
-"""The DDTREE verify path every worker-v2 release promises (0.5.14 to 0.5.17, 0.5.20 to 0.5.23),
+"""The DDTREE verify path every worker-v2 release promises (0.5.14 to 0.5.17, 0.5.19 to 0.5.23),
 on CPU.
 
 Each test runs against each release's real patched tree: the checks in its
-`v<release>/checks_<release>.py` (0.5.15 to 0.5.17: 0.5.14's; 0.5.20 to 0.5.22: 0.5.23's; the
+`v<release>/checks_<release>.py` (0.5.15 to 0.5.17: 0.5.14's; 0.5.19 to 0.5.22: 0.5.23's; the
 ones the releases share come from `worker_v2_checks.py`) print JSON under the release's staging
 venv (conftest.py here), and the tests assert on it.
 A release's worker checks report the same keys, so one assertion holds both; what only one
@@ -29,6 +29,7 @@ WORKER_V2_RELEASES = (
     "0.5.16",
     "0.5.17",
     "0.5.18",
+    "0.5.19",
     "0.5.20",
     "0.5.21",
     "0.5.22",

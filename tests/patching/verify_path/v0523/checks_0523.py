@@ -1,15 +1,15 @@
-"""Checks of the 0.5.20 to 0.5.23 DDTREE verify paths, run in the release's staging venv.
+"""Checks of the 0.5.19 to 0.5.23 DDTREE verify paths, run in the release's staging venv.
 
 Run as `python checks_0523.py NAME` with the patched `sglang/` first on PYTHONPATH and
 `kernels/` (ddtree_kernels, its pure-torch reference on CPU) importable. Prints one JSON
 line `{"ok": ..., ...}`; the pytest side (test_verify_path_0523.py) asserts on it. 0.5.22's set
-is 0.5.23's ported back, 0.5.21's is 0.5.22's and 0.5.20's is 0.5.21's, so one module serves all
-four: the few places the workers differ (the draft placement and how the worker enters the draft's
+is 0.5.23's ported back, 0.5.21's is 0.5.22's, 0.5.20's is 0.5.21's and 0.5.19's is 0.5.20's, so
+one module serves all five: the few places the workers differ (the draft placement and how the worker enters the draft's
 TP scope, where DFlash's greedy accept rule lives, which rank logs, how a PD prefill server is
 told) follow `RELEASE`.
 
 The checks every worker-v2 release shares come from `worker_v2_checks.py` (this file's parent
-folder, on PYTHONPATH). Real here: the DFlashWorkerV2 methods the 0.5.20 to 0.5.23 patches
+folder, on PYTHONPATH). Real here: the DFlashWorkerV2 methods the 0.5.19 to 0.5.23 patches
 add, called unbound, DFlash's own greedy head, accept rule
 (`compute_dflash_correct_drafts_and_bonus`, the torch version) and `_commit_accept`. TEST
 DOUBLES, because the real objects need a GPU, a scheduler or an initialised runtime context:
@@ -49,7 +49,7 @@ from worker_v2_checks import (
 
 # 0.5.20 to 0.5.22 keep the worker's verify logits gathered and DFlash's greedy accept rule in
 # dflash_utils (0.5.23: a deferred argmax, the rule in sglang.kernels).
-GATHERED = RELEASE in ("0.5.20", "0.5.21", "0.5.22")
+GATHERED = RELEASE in ("0.5.19", "0.5.20", "0.5.21", "0.5.22")
 if GATHERED:
     compute_dflash_correct_drafts_and_bonus = U.compute_dflash_correct_drafts_and_bonus
 else:
@@ -58,10 +58,12 @@ else:
 # Where the worker keeps its draft placement, what `draft_tp_context` takes: 0.5.22 a flag (dp
 # attention), 0.5.23 a layout; 0.5.21 enters it through its own `self.draft_tp_context` (the
 # module's context under dp attention, else an empty one) with the draft runner's TP group, and
-# 0.5.20 the same way with the group alone (no placement flag, no `owns_attention`). A worker
-# double holds only its release's attributes, so a patched method that reads another release's
-# fails here.
+# 0.5.20 the same way with the group alone (no placement flag, no `owns_attention`); 0.5.19's
+# draft runner shares the target's TP group and its worker keeps no draft placement at all. A
+# worker double holds only its release's attributes, so a patched method that reads another
+# release's fails here.
 PLACEMENT = {
+    "0.5.19": {},
     "0.5.20": {
         "draft_tp_context": lambda group: contextlib.nullcontext(),
         "draft_model_runner": SimpleNamespace(tp_group=None),
@@ -74,26 +76,61 @@ PLACEMENT = {
     "0.5.22": {"draft_owns_attention": False},
 }.get(RELEASE, {"draft_parallel_layout": None})
 # The module-level scopes the worker's setup enters, patched to empty ones: 0.5.20 has no
-# draft_pp_context (and its draft_tp_context takes the group).
-SETUP_SCOPES = (
-    {"draft_tp_context": lambda group: contextlib.nullcontext()}
-    if RELEASE == "0.5.20"
-    else {
+# draft_pp_context (and its draft_tp_context takes the group), 0.5.19's worker module neither.
+SETUP_SCOPES = {
+    "0.5.19": {},
+    "0.5.20": {"draft_tp_context": lambda group: contextlib.nullcontext()},
+}.get(
+    RELEASE,
+    {
         "draft_pp_context": contextlib.nullcontext,
         "draft_tp_context": lambda layout: contextlib.nullcontext(),
-    }
+    },
 )
 # Where the worker reads the rank its startup messages log on: 0.5.21 its target model runner,
-# 0.5.20 the `ps` its __init__ takes.
+# 0.5.19 and 0.5.20 the `ps` its __init__ takes.
 TARGET_RANK = {
+    "0.5.19": {"ps": SimpleNamespace(tp_rank=1)},
     "0.5.20": {"ps": SimpleNamespace(tp_rank=1)},
     "0.5.21": {"model_runner": SimpleNamespace(tp_rank=1)},
 }.get(RELEASE, {"_target_tp_rank": 1})
-# How the Mamba pool learns it serves a PD prefill server: 0.5.20 and 0.5.21 ask get_disagg().
+# How the Mamba pool learns it serves a PD prefill server: 0.5.19 to 0.5.21 ask get_disagg().
 PD_PREFILL = (
     {"get_disagg": lambda: SimpleNamespace(disaggregation_mode="null")}
-    if RELEASE in ("0.5.20", "0.5.21")
+    if RELEASE in ("0.5.19", "0.5.20", "0.5.21")
     else {"_pd_prefill_skips_mamba_spec_state": lambda: False}
+)
+
+# Where `_init_ddtree` reads the rank it logs on, as (worker attributes, worker-module names):
+# 0.5.19's worker module has no get_parallel (the rank is on the `ps` its __init__ takes), so
+# a check that patched one in would hide a read of it.
+INIT_RANK = (
+    ({"ps": SimpleNamespace(tp_rank=1)}, {})
+    if RELEASE == "0.5.19"
+    else ({}, {"get_parallel": lambda: SimpleNamespace(tp_rank=1)})
+)
+
+# What the worker's setup asks get_parallel() (0.5.19's worker module has none).
+SETUP_PARALLEL = (
+    {}
+    if RELEASE == "0.5.19"
+    else {
+        "get_parallel": lambda: SimpleNamespace(
+            attn_dp_enabled=False, enable_dp_attention=False, tp_rank=0
+        )
+    }
+)
+
+# How the Mamba pool learns whether the extra buffer is on: 0.5.19 asks the module-level
+# mamba_extra_buffer_enabled() and mamba_extra_buffer_lazy_enabled() (which read the memory
+# namespace), later releases get_exec().
+EXTRA_BUFFER = (
+    {
+        "mamba_extra_buffer_enabled": lambda: False,
+        "mamba_extra_buffer_lazy_enabled": lambda: False,
+    }
+    if RELEASE == "0.5.19"
+    else {}
 )
 
 
@@ -148,13 +185,14 @@ def _init_worker(spec, *, hybrid=False, block=8, **worker_kw):
     worker = SimpleNamespace(
         selector=None, lilicorr=None, _is_domino=False, block_size=block,
         model_runner=SimpleNamespace(model_config=SimpleNamespace(hybrid=hybrid)),
+        **INIT_RANK[0],
     )  # fmt: skip
     vars(worker).update(worker_kw)
     with patched(
         W,
         get_spec=lambda: spec,
-        get_parallel=lambda: SimpleNamespace(tp_rank=1),
         mambaish_config=lambda cfg: object() if cfg.hybrid else None,
+        **INIT_RANK[1],
     ):
         W.DFlashWorkerV2._init_ddtree(worker)
     return worker
@@ -228,7 +266,10 @@ def worker_attention_and_sampler():
 
 def _tp_group(group) -> dict:
     """0.5.20's to 0.5.23's tree proposals reach their TP group through get_parallel().tp_group
-    (0.5.20's own greedy head asks get_tp_group(), which the draft TP scope patches alike)."""
+    (0.5.20's own greedy head asks get_tp_group(), which the draft TP scope patches alike);
+    0.5.19's through get_tp_group(), the target's group its draft runner shares."""
+    if RELEASE == "0.5.19":
+        return {"get_tp_group": lambda: group}
     return {"get_parallel": lambda: SimpleNamespace(tp_group=group)}
 
 
@@ -352,10 +393,7 @@ def wide_draft_runner_width():
         with (
             get_context().override_server_args(speculative_algorithm=algorithm, **fields),
             patched(
-                W, **SETUP_SCOPES,
-                get_parallel=lambda: SimpleNamespace(
-                    attn_dp_enabled=False, enable_dp_attention=False, tp_rank=0
-                ),
+                W, **SETUP_SCOPES, **SETUP_PARALLEL,
                 get_exec=lambda: graphs_off,
                 mambaish_config=lambda cfg: None,
             ),
@@ -392,8 +430,9 @@ def worker_mamba_commit():
     batch = SimpleNamespace(mamba_track_indices=None, req_pool_indices=torch.tensor([4, 5]))
     accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
     commit = torch.tensor([4, 1], dtype=torch.int32)
-    kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]),
-                  seq_lens_post_verify=torch.tensor([14, 21]), commit_lens=commit)  # fmt: skip
+    kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
+    if RELEASE != "0.5.19":  # 0.5.20 adds the post-verify lengths to the signature
+        kwargs["seq_lens_post_verify"] = torch.tensor([14, 21])
     W.DFlashWorkerV2._update_target_mamba_state_after_verify(
         worker, **kwargs, accept_index=accept_index
     )
@@ -445,7 +484,7 @@ def hybrid_conv_window_layout():
                                                  disable_overlap_schedule=False),
             get_memory=lambda: SimpleNamespace(enable_page_major_kv_layout=False),
             max_speculative_num_draft_tokens=lambda: 16,
-            HybridReqToTokenPool=SimpleNamespace, **PD_PREFILL,
+            HybridReqToTokenPool=SimpleNamespace, **PD_PREFILL, **EXTRA_BUFFER,
         ):  # fmt: skip
             pool = K.KVCacheConfigurator._build_hybrid_req_pool(
                 configurator, max_num_reqs=4, extra_max_context_len=20
