@@ -284,9 +284,10 @@ def test_0517_set_serves_0517_only() -> None:
 def test_0518_set_serves_0518_only() -> None:
     # 0.5.18 has no post release; a post release, a release candidate or a later release (0.5.19's
     # worker reads config through get_spec(), its _handle_dflash resolves through
-    # declare_resolution) must not take this pin.
+    # declare_resolution: its own set) must not take this pin.
     assert select_patch_set("0.5.18").name == "0.5.18"
-    for other in ("0.5.18.post1", "0.5.18rc1", "0.5.19", "0.5.24"):
+    assert select_patch_set("0.5.19").name == "0.5.19"
+    for other in ("0.5.18.post1", "0.5.18rc1", "0.5.24"):
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
 
@@ -294,12 +295,12 @@ def test_0518_set_serves_0518_only() -> None:
 def test_0522_set_serves_0522_only() -> None:
     # 0.5.22's set is 0.5.23's ported back, 0.5.21's is 0.5.22's, 0.5.20's is 0.5.21's and
     # 0.5.19's is 0.5.20's; no pin stretches to a neighbour's post release or release candidate,
-    # to a release below them without a set (0.5.18) or to a later release.
+    # or to a later release.
     for release in ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"):
         assert select_patch_set(release).name == release
     for other in (
         "0.5.22.post1", "0.5.22rc1", "0.5.21.post1", "0.5.21rc1", "0.5.20.post1", "0.5.20rc1",
-        "0.5.19.post1", "0.5.19rc1", "0.5.18", "0.5.24",
+        "0.5.19.post1", "0.5.19rc1", "0.5.24",
     ):  # fmt: skip
         with pytest.raises(UnsupportedRelease):
             select_patch_set(other)
