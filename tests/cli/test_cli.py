@@ -23,13 +23,19 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The installed script, its tables wide enough that no cell wraps."""
     assert SCRIPT, "the ddtree-deploy console script is not installed next to this python"
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
-def test_main_bad_option_prints_one_sentence_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_bad_option_prints_one_sentence_and_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["algo=nope"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "error: Unknown algo 'nope'; choose one of: ddtree, ddtree_shadow, dflash."
+    assert (
+        err.strip() == "error: Unknown algo 'nope'; choose one of: ddtree, ddtree_shadow, dflash."
+    )
 
 
 def test_main_help_lists_actions(capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,7 +44,14 @@ def test_main_help_lists_actions(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_installed_script_unreachable_host_is_one_line_without_traceback(tmp_path: Path) -> None:
-    done = run_cli("host=ct200", "algo=ddtree_shadow", "host.address=127.0.0.1", "host.port=1", "host.connect_timeout_s=2", cwd=tmp_path)
+    done = run_cli(
+        "host=ct200",
+        "algo=ddtree_shadow",
+        "host.address=127.0.0.1",
+        "host.port=1",
+        "host.connect_timeout_s=2",
+        cwd=tmp_path,
+    )
     assert done.returncode == 3
     assert "Traceback" not in done.stderr + done.stdout
     assert done.stderr.startswith("error: Cannot reach ct200 at root@127.0.0.1:1 over SSH")
@@ -46,29 +59,54 @@ def test_installed_script_unreachable_host_is_one_line_without_traceback(tmp_pat
 
 
 def test_installed_script_facts_json_and_run_events(tmp_path: Path) -> None:
-    done = run_cli("action=facts", "output=json", f"host.sglang_venv={sys.prefix}", f"rollout.runs_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    done = run_cli(
+        "action=facts",
+        "output=json",
+        f"host.sglang_venv={sys.prefix}",
+        f"rollout.runs_dir={tmp_path / 'runs'}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout)
     assert facts["python_version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}.")
     (run_dir,) = (tmp_path / "runs").iterdir()
-    events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()
+    ]
     assert events == ["run.start", "facts.probe", "facts", "run.end"]
 
 
 def test_installed_script_plan_refuses_cuda_mismatch(tmp_path: Path) -> None:
     """This venv's torch is a cu130 build: a config that says cu128 must be refused."""
-    done = run_cli(f"host.sglang_venv={sys.prefix}", "abi.cuda=12.8", f"rollout.runs_dir={tmp_path}", cwd=tmp_path)
+    done = run_cli(
+        f"host.sglang_venv={sys.prefix}",
+        "abi.cuda=12.8",
+        f"rollout.runs_dir={tmp_path}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 4
     assert "ABI mismatch on local: the config says torch" in done.stdout
 
 
-def test_installed_script_status_on_the_staging_host_reports_patches_and_kernels_not_systemd(tmp_path: Path) -> None:
+def test_installed_script_status_on_the_staging_host_reports_patches_and_kernels_not_systemd(
+    tmp_path: Path,
+) -> None:
     """host=local has no systemd (host.systemd=false): status says so instead of failing in systemctl."""
     venv = require_staging_venv("0.5.11")  # only read: status changes nothing
-    done = run_cli("action=status", f"host.sglang_venv={venv}", f"host.state_dir={tmp_path / 'state'}", f"rollout.runs_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    done = run_cli(
+        "action=status",
+        f"host.sglang_venv={venv}",
+        f"host.state_dir={tmp_path / 'state'}",
+        f"rollout.runs_dir={tmp_path / 'runs'}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
-    pairs = [cells for line in done.stdout.splitlines() if len(cells := [c.strip() for c in line.split("│")[1:-1]]) == 2]
+    pairs = [
+        cells
+        for line in done.stdout.splitlines()
+        if len(cells := [c.strip() for c in line.split("│")[1:-1]]) == 2
+    ]
     rows = dict(pairs)
     assert rows["generation"] == "none"
     assert rows["unit"] == "sglang.service: not managed, host.systemd=false"
@@ -77,7 +115,10 @@ def test_installed_script_status_on_the_staging_host_reports_patches_and_kernels
     files = {path: state for state, path in pairs if state in ("pristine", "applied", "drifted")}
     assert files == dict.fromkeys(targets, "pristine")
     # Built on this host, or taken from the control machine's wheel cache, depending on its state.
-    assert re.fullmatch(r"not current; action=build-kernels would (build|install cached wheel) cp311-torch\S+ .*", rows["kernels"])
+    assert re.fullmatch(
+        r"not current; action=build-kernels would (build|install cached wheel) cp311-torch\S+ .*",
+        rows["kernels"],
+    )
     assert rows["drift"] == "none"
     assert done.stdout.strip().splitlines()[-1] == (
         "No service is managed on local (host.systemd=false): deploys patch SGLang and install the kernels there, and only render and lint the unit."

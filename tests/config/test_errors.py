@@ -8,42 +8,178 @@ from ddtree_deploy.config import compose_config
 from ddtree_deploy.errors import ConfigError
 
 CASES = [
-    pytest.param(["algo=nope"], "Unknown algo 'nope'; choose one of: ddtree, ddtree_shadow, dflash.", id="unknown-algo"),
-    pytest.param(["host=ct300"], "Unknown host 'ct300'; choose one of: ct129, ct200, h200_lab, local.", id="unknown-host"),
-    pytest.param(["gpu=a100"], "Unknown gpu 'a100'; choose one of: h200, none, rtx_pro_6000_blackwell.", id="unknown-gpu"),
-    pytest.param(["algo.budget=abc"], "Config key algo.budget has an invalid value: Value 'abc' of type 'str' could not be converted to Integer.", id="wrong-type"),
-    pytest.param(["algo.mode=wide"], "Config key algo.mode has an invalid value: Invalid value 'wide', expected one of [tree, shadow_linear].", id="wrong-enum"),
-    pytest.param(["algo.bugdet=3"], "Config key algo.bugdet does not exist; check its spelling against the files in conf/.", id="unknown-key"),
-    pytest.param(["algo.budget=0"], "algo.budget=0 is out of range: SGLang 0.5.11's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-low"),
-    pytest.param(["algo.budget=64"], "algo.budget=64 is out of range: SGLang 0.5.11's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-above-wide-release"),
-    pytest.param(["sglang=v0_5_23", "algo.budget=64"], "algo.budget=64 is out of range: SGLang 0.5.23's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-above-wide-0523"),
-    pytest.param(["sglang=v0_5_22", "algo.budget=64"], "algo.budget=64 is out of range: SGLang 0.5.22's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-above-wide-0522"),
-    pytest.param(["sglang=v0_5_21", "algo.budget=64"], "algo.budget=64 is out of range: SGLang 0.5.21's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-above-wide-0521"),
-    pytest.param(["sglang=v0_5_20", "algo.budget=64"], "algo.budget=64 is out of range: SGLang 0.5.20's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-above-wide-0520"),
-    pytest.param(["sglang=v0_5_18", "algo.budget=64"], "algo.budget=64 is out of range: SGLang 0.5.18's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-above-wide-0518"),
-    pytest.param(["sglang=v0_5_19", "algo.budget=64"], "algo.budget=64 is out of range: SGLang 0.5.19's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).", id="budget-above-wide-0519"),
+    pytest.param(
+        ["algo=nope"],
+        "Unknown algo 'nope'; choose one of: ddtree, ddtree_shadow, dflash.",
+        id="unknown-algo",
+    ),
+    pytest.param(
+        ["host=ct300"],
+        "Unknown host 'ct300'; choose one of: ct129, ct200, h200_lab, local.",
+        id="unknown-host",
+    ),
+    pytest.param(
+        ["gpu=a100"],
+        "Unknown gpu 'a100'; choose one of: h200, none, rtx_pro_6000_blackwell.",
+        id="unknown-gpu",
+    ),
+    pytest.param(
+        ["algo.budget=abc"],
+        "Config key algo.budget has an invalid value: Value 'abc' of type 'str' could not be converted to Integer.",
+        id="wrong-type",
+    ),
+    pytest.param(
+        ["algo.mode=wide"],
+        "Config key algo.mode has an invalid value: Invalid value 'wide', expected one of [tree, shadow_linear].",
+        id="wrong-enum",
+    ),
+    pytest.param(
+        ["algo.bugdet=3"],
+        "Config key algo.bugdet does not exist; check its spelling against the files in conf/.",
+        id="unknown-key",
+    ),
+    pytest.param(
+        ["algo.budget=0"],
+        "algo.budget=0 is out of range: SGLang 0.5.11's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        id="budget-low",
+    ),
+    pytest.param(
+        ["algo.budget=64"],
+        "algo.budget=64 is out of range: SGLang 0.5.11's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        id="budget-above-wide-release",
+    ),
+    pytest.param(
+        ["sglang=v0_5_23", "algo.budget=64"],
+        "algo.budget=64 is out of range: SGLang 0.5.23's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        id="budget-above-wide-0523",
+    ),
+    pytest.param(
+        ["sglang=v0_5_22", "algo.budget=64"],
+        "algo.budget=64 is out of range: SGLang 0.5.22's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        id="budget-above-wide-0522",
+    ),
+    pytest.param(
+        ["sglang=v0_5_21", "algo.budget=64"],
+        "algo.budget=64 is out of range: SGLang 0.5.21's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        id="budget-above-wide-0521",
+    ),
+    pytest.param(
+        ["sglang=v0_5_20", "algo.budget=64"],
+        "algo.budget=64 is out of range: SGLang 0.5.20's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        id="budget-above-wide-0520",
+    ),
+    pytest.param(
+        ["sglang=v0_5_18", "algo.budget=64"],
+        "algo.budget=64 is out of range: SGLang 0.5.18's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        id="budget-above-wide-0518",
+    ),
+    pytest.param(
+        ["sglang=v0_5_19", "algo.budget=64"],
+        "algo.budget=64 is out of range: SGLang 0.5.19's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        id="budget-above-wide-0519",
+    ),
     # No release with a set keeps the block limit now; a release that declares no wider verify does.
-    pytest.param(["sglang=v0_5_23", "sglang.ddtree_max_budget=null", "algo.budget=16"], "algo.budget=16 is out of range: SGLang 0.5.23's patch set verifies between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).", id="budget-above-block-release"),
-    pytest.param(["sglang=v0_5_23", "sglang.ddtree_max_budget=null", "algo.budget=63"], "algo.budget=63 is out of range: SGLang 0.5.23's patch set verifies between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).", id="budget-wide-on-block-release"),
-    pytest.param(["algo=ddtree_shadow", "algo.budget=63"], "algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget=15 (got topk=1, budget=63); use algo=ddtree_shadow.", id="shadow-wide"),
-    pytest.param(["algo.topk=0"], "algo.topk=0 is out of range: it must be between 1 and algo.budget = 15.", id="topk-low"),
-    pytest.param(["algo.budget=63", "algo.topk=17"], "algo.topk=17 is out of range: it must be between 1 and 16 (the DDTree tree kernel takes at most 16 candidates per position; the server would refuse it at start).", id="topk-above-kernel"),
-    pytest.param(["algo.budget=6", "algo.topk=7"], "algo.topk=7 is out of range: it must be between 1 and algo.budget = 6.", id="topk-above-budget"),
-    pytest.param(["algo.block_size=8"], "algo.block_size=8 does not match the draft model's block size 16 (model.draft_block_size of qwen3_8b); set algo.block_size=16.", id="block-size"),
-    pytest.param(["host=ct200", "sglang=v0_5_12", "algo=ddtree"], "algo.mode=tree on the hybrid target qwen36_27b needs algo.allow_hybrid_unsafe=true on SGLang 0.5.12: the GPU lab has not proven this release's tree path through recurrent layers (it has for 0.5.11 and 0.5.14: DFLASH's tokens exactly, with sibling branches accepted); use algo=ddtree_shadow for the safe chain mode.", id="hybrid-tree-unproven-release"),
-    pytest.param(["algo=ddtree_shadow", "algo.topk=2"], "algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget=15 (got topk=2, budget=15); use algo=ddtree_shadow.", id="shadow-not-chain"),
-    pytest.param(["abi.torch=2.11"], "abi.torch='2.11' is malformed: give the public torch version as X.Y.Z (e.g. 2.11.0), without a +cuXXX suffix (that is abi.cuda).", id="abi-torch"),
-    pytest.param(["abi.torch=2.11.0+cu130"], "abi.torch='2.11.0+cu130' is malformed: give the public torch version as X.Y.Z (e.g. 2.11.0), without a +cuXXX suffix (that is abi.cuda).", id="abi-torch-local"),
-    pytest.param(["abi.cuda=cu130"], "abi.cuda='cu130' is malformed: give torch's CUDA version as X.Y (e.g. 12.8), or null for a CPU build.", id="abi-cuda"),
-    pytest.param(["abi.python=py312"], "abi.python='py312' is malformed: give the Python version as 3.Y.", id="abi-python"),
-    pytest.param(["host=ct129", "algo=dflash", "gpu.arch=blackwell"], "gpu.arch='blackwell' is malformed: give the CUDA arch as sm_XY (e.g. sm_120).", id="gpu-arch"),
-    pytest.param(["host=ct129", "algo=dflash", "host.address=null"], "host.address is missing for host ct129 (transport ssh); set host.address=<name or IP>.", id="ssh-address"),
-    pytest.param(["host=ct129", "algo=dflash", "host.gpu_ids=[0,8]"], "host.gpu_ids=[0, 8] names GPUs outside 0..7 (host.gpu_count=8).", id="gpu-ids"),
-    pytest.param(["service.max_total_tokens=0"], "service.max_total_tokens=0 must be a positive token count (or null for no cap).", id="kv-cap-zero"),
-    pytest.param(["algo=ddtree", "service.extra_args=[--tp-size,1,--attention-backend,fa3]"], "service.extra_args sets --attention-backend fa3, but DDTREE tree mode needs a backend that reads the tree mask (flashinfer or triton); SGLang would refuse it at start.", id="tree-backend"),
+    pytest.param(
+        ["sglang=v0_5_23", "sglang.ddtree_max_budget=null", "algo.budget=16"],
+        "algo.budget=16 is out of range: SGLang 0.5.23's patch set verifies between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).",
+        id="budget-above-block-release",
+    ),
+    pytest.param(
+        ["sglang=v0_5_23", "sglang.ddtree_max_budget=null", "algo.budget=63"],
+        "algo.budget=63 is out of range: SGLang 0.5.23's patch set verifies between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).",
+        id="budget-wide-on-block-release",
+    ),
+    pytest.param(
+        ["algo=ddtree_shadow", "algo.budget=63"],
+        "algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget=15 (got topk=1, budget=63); use algo=ddtree_shadow.",
+        id="shadow-wide",
+    ),
+    pytest.param(
+        ["algo.topk=0"],
+        "algo.topk=0 is out of range: it must be between 1 and algo.budget = 15.",
+        id="topk-low",
+    ),
+    pytest.param(
+        ["algo.budget=63", "algo.topk=17"],
+        "algo.topk=17 is out of range: it must be between 1 and 16 (the DDTree tree kernel takes at most 16 candidates per position; the server would refuse it at start).",
+        id="topk-above-kernel",
+    ),
+    pytest.param(
+        ["algo.budget=6", "algo.topk=7"],
+        "algo.topk=7 is out of range: it must be between 1 and algo.budget = 6.",
+        id="topk-above-budget",
+    ),
+    pytest.param(
+        ["algo.block_size=8"],
+        "algo.block_size=8 does not match the draft model's block size 16 (model.draft_block_size of qwen3_8b); set algo.block_size=16.",
+        id="block-size",
+    ),
+    pytest.param(
+        ["host=ct200", "sglang=v0_5_12", "algo=ddtree"],
+        "algo.mode=tree on the hybrid target qwen36_27b needs algo.allow_hybrid_unsafe=true on SGLang 0.5.12: the GPU lab has not proven this release's tree path through recurrent layers (it has for 0.5.11 and 0.5.14: DFLASH's tokens exactly, with sibling branches accepted); use algo=ddtree_shadow for the safe chain mode.",
+        id="hybrid-tree-unproven-release",
+    ),
+    pytest.param(
+        ["algo=ddtree_shadow", "algo.topk=2"],
+        "algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget=15 (got topk=2, budget=15); use algo=ddtree_shadow.",
+        id="shadow-not-chain",
+    ),
+    pytest.param(
+        ["abi.torch=2.11"],
+        "abi.torch='2.11' is malformed: give the public torch version as X.Y.Z (e.g. 2.11.0), without a +cuXXX suffix (that is abi.cuda).",
+        id="abi-torch",
+    ),
+    pytest.param(
+        ["abi.torch=2.11.0+cu130"],
+        "abi.torch='2.11.0+cu130' is malformed: give the public torch version as X.Y.Z (e.g. 2.11.0), without a +cuXXX suffix (that is abi.cuda).",
+        id="abi-torch-local",
+    ),
+    pytest.param(
+        ["abi.cuda=cu130"],
+        "abi.cuda='cu130' is malformed: give torch's CUDA version as X.Y (e.g. 12.8), or null for a CPU build.",
+        id="abi-cuda",
+    ),
+    pytest.param(
+        ["abi.python=py312"],
+        "abi.python='py312' is malformed: give the Python version as 3.Y.",
+        id="abi-python",
+    ),
+    pytest.param(
+        ["host=ct129", "algo=dflash", "gpu.arch=blackwell"],
+        "gpu.arch='blackwell' is malformed: give the CUDA arch as sm_XY (e.g. sm_120).",
+        id="gpu-arch",
+    ),
+    pytest.param(
+        ["host=ct129", "algo=dflash", "host.address=null"],
+        "host.address is missing for host ct129 (transport ssh); set host.address=<name or IP>.",
+        id="ssh-address",
+    ),
+    pytest.param(
+        ["host=ct129", "algo=dflash", "host.gpu_ids=[0,8]"],
+        "host.gpu_ids=[0, 8] names GPUs outside 0..7 (host.gpu_count=8).",
+        id="gpu-ids",
+    ),
+    pytest.param(
+        ["service.max_total_tokens=0"],
+        "service.max_total_tokens=0 must be a positive token count (or null for no cap).",
+        id="kv-cap-zero",
+    ),
+    pytest.param(
+        ["algo=ddtree", "service.extra_args=[--tp-size,1,--attention-backend,fa3]"],
+        "service.extra_args sets --attention-backend fa3, but DDTREE tree mode needs a backend that reads the tree mask (flashinfer or triton); SGLang would refuse it at start.",
+        id="tree-backend",
+    ),
     pytest.param(["action=explode"], "action='explode' is unknown; choose one of: ", id="action"),
-    pytest.param(["sglang.version=latest"], "sglang.version='latest' is not a version (e.g. 0.5.11).", id="sglang-version"),
-    pytest.param(["validation.min_speedup=0"], "validation.min_speedup=0.0 must be above 0.", id="min-speedup"),
+    pytest.param(
+        ["sglang.version=latest"],
+        "sglang.version='latest' is not a version (e.g. 0.5.11).",
+        id="sglang-version",
+    ),
+    pytest.param(
+        ["validation.min_speedup=0"],
+        "validation.min_speedup=0.0 must be above 0.",
+        id="min-speedup",
+    ),
 ]
 
 

@@ -220,4 +220,3 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
 
 def _covered(path: Path, binds: Sequence[Path]) -> bool:
     return any(path == bind or bind in path.parents for bind in binds)
-

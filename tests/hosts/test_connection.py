@@ -13,7 +13,7 @@ from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.hosts.ssh import SshHost
 
-HOSTILE = "it's $(touch /tmp/ddt-pwned) `id` ; rm -rf / & \"q\" *"
+HOSTILE = 'it\'s $(touch /tmp/ddt-pwned) `id` ; rm -rf / & "q" *'
 
 
 def test_run_passes_hostile_argument_literally(any_host: ShellHost, tmp_path: Path) -> None:

@@ -66,7 +66,9 @@ def _wheel(folder: Path, name: str, version: str) -> str:
     }
     record = []
     for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        digest = (
+            base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        )
         record.append(f"{path},sha256={digest},{len(text.encode())}")
     files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
     folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +104,9 @@ def test_two_releases_share_one_layer_built_once(tmp_path: Path) -> None:
     assert first.changed and first.shared_changed
     assert second.changed and not second.shared_changed
     assert second.shared == first.shared
-    assert sorted(p.name for p in root.iterdir()) == sorted([layer.name, "sglang-0.5.11", "sglang-0.5.12"])
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [layer.name, "sglang-0.5.11", "sglang-0.5.12"]
+    )
     assert (layer / MARKER).stat().st_mtime_ns == stamp  # the second prepare did not touch it
     # One progress line per build: the layer once, then each release's venv.
     assert [e["message"] for e in events if "message" in e] == [
@@ -169,7 +173,9 @@ def test_prepare_failure_leaves_no_build_folder(tmp_path: Path) -> None:
     with pytest.raises(CommandFailed):
         _prepare(venv, "0.0.0", [], [])
     # The (empty) layer was finished before the release failed; nothing half-built is left.
-    assert [p.name for p in tmp_path.iterdir()] == [shared_layer_path(PurePosixPath(venv), "python3.11", []).name]
+    assert [p.name for p in tmp_path.iterdir()] == [
+        shared_layer_path(PurePosixPath(venv), "python3.11", []).name
+    ]
 
 
 def test_failed_shared_layer_leaves_nothing(tmp_path: Path) -> None:
