@@ -21,19 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 from patching.sglang_args_probe import base_argv, resolve_server_args, write_tiny_model_dirs
+from patching.trees import REAL_RELEASES
 
-WORKER_V2_RELEASES = (
-    "0.5.14",
-    "0.5.15",
-    "0.5.16",
-    "0.5.17",
-    "0.5.18",
-    "0.5.19",
-    "0.5.20",
-    "0.5.21",
-    "0.5.22",
-    "0.5.23",
+# Every release from 0.5.14 (DFlashWorkerV2) but the .post ones, whose worker is their base's.
+WORKER_V2_RELEASES = tuple(
+    r for r in REAL_RELEASES if Version(r) >= Version("0.5.14") and not Version(r).is_postrelease
 )
 
 
