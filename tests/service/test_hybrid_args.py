@@ -7,7 +7,7 @@ with the radix cache on they switch the mamba cache to the extra_buffer strategy
 (FLA) and is not proven with DFLASH or DDTREE on a GPU yet, so their units keep the radix cache
 off too. 0.5.19 to 0.5.21 (FLA again), 0.5.22 and 0.5.23 (their platform's Mamba state snapshots)
 pick extra_buffer the same way, so their units keep it off as well (0.5.23's once started with it
-on).
+on). A pure-attention target keeps the radix cache on every release.
 These tests resolve the rendered argv with the release's own `prepare_server_args` (staging venv,
 CPU; 0.5.16 serves DFLASH on CUDA only, 0.5.17 and 0.5.19 on CUDA or NPU, 0.5.20 to 0.5.23 on
 CUDA, NPU or XPU only, so their argv names CUDA, which resolves on a CPU).
@@ -83,9 +83,11 @@ def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
     assert WITH_RADIX_CACHE[release] in bare.error
 
 
-def test_pure_attention_targets_keep_the_radix_cache() -> None:
-    argv = server_argv(compose_config(["host=ct200", "model=qwen3_8b"]), api_key=False)
-    assert "--disable-radix-cache" not in argv
-    assert "--disable-radix-cache" not in server_argv(
-        compose_config(["host=ct200", "algo=dflash", "sglang=v0_5_23"]), api_key=False
-    )
+@pytest.mark.parametrize("release", sorted(WITH_RADIX_CACHE))
+def test_only_hybrid_targets_turn_the_radix_cache_off(release: str) -> None:
+    option = f"sglang=v{release.replace('.', '_')}"
+    for algo in ("dflash", "ddtree"):
+        attention = compose_config(["host=ct200", "model=qwen3_8b", f"algo={algo}", option])
+        hybrid = compose_config(["host=ct200", "model=qwen36_27b", f"algo={algo}", option])
+        assert "--disable-radix-cache" not in server_argv(attention, api_key=False)
+        assert "--disable-radix-cache" in server_argv(hybrid, api_key=False)
