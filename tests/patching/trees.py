@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,18 @@ def tree_bytes(site: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(site)): p.read_bytes() for p in sorted(site.rglob("*")) if p.is_file()
     }
+
+
+def shipped_sets_root(base: Path, release: str) -> Path:
+    """A sets root under `base` holding the shipped set of `release` alone, to port from."""
+    shutil.copytree(patch_sets_root() / release, base / "sets" / release)
+    return base / "sets"
+
+
+def series_of(directory: Path) -> dict[str, Any]:
+    """A patch set folder's series.yaml, as written."""
+    loaded: dict[str, Any] = yaml.safe_load((directory / "series.yaml").read_text())
+    return loaded
 
 
 def real_patch_set(release: str) -> PatchSet:
