@@ -22,11 +22,15 @@ from packaging.version import Version
 from ddtree_deploy.config import compose_config
 
 
+def sglang_option(release: str) -> str:
+    """The conf/sglang option of SGLang `release`: its base release's ("0.5.15.post1" -> v0_5_15)."""
+    return "v" + Version(release).base_version.replace(".", "_")
+
+
 def staging_overrides(release: str) -> list[str]:
-    """The `host=local` overrides that stage SGLang `release`: its base release's `sglang=`
-    option ("0.5.15.post1" -> v0_5_15), and `sglang.version=` for a .post release."""
-    option = "v" + Version(release).base_version.replace(".", "_")
-    return [f"sglang={option}", f"sglang.version={release}"]
+    """The `host=local` overrides that stage SGLang `release`: its `sglang=` option, and
+    `sglang.version=` for a .post release."""
+    return [f"sglang={sglang_option(release)}", f"sglang.version={release}"]
 
 
 def staging_venv(release: str) -> Path:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from patching.trees import RELEASE_OPTIONS
 
 from ddtree_deploy.config import Algo, DeployConfig, Transport, TreeMode, compose_config
 from ddtree_deploy.config.rules import max_tree_budget
+from ddtree_deploy.errors import ConfigError
 
 HOSTS = ("local", "ct129", "ct200")
 ALGOS = ("dflash", "ddtree", "ddtree_shadow")
@@ -75,25 +77,15 @@ def test_compose_local_paths_follow_ddtree_deploy_home(monkeypatch: pytest.Monke
     assert cfg.host.state_dir == "/srv/ddt/local/state"
 
 
+def test_compose_offers_an_sglang_option_for_each_release_with_a_set() -> None:
+    with pytest.raises(ConfigError) as err:
+        compose_config(["sglang=v0_5_24"])
+    options = ", ".join(RELEASE_OPTIONS)
+    assert str(err.value) == f"Unknown sglang 'v0_5_24'; choose one of: {options}."
+
+
 @pytest.mark.parametrize("budget", [31, 63])
-@pytest.mark.parametrize(
-    "sglang",
-    [
-        "v0_5_11",
-        "v0_5_12",
-        "v0_5_13",
-        "v0_5_14",
-        "v0_5_15",
-        "v0_5_16",
-        "v0_5_17",
-        "v0_5_18",
-        "v0_5_19",
-        "v0_5_20",
-        "v0_5_21",
-        "v0_5_22",
-        "v0_5_23",
-    ],
-)
+@pytest.mark.parametrize("sglang", RELEASE_OPTIONS)
 def test_compose_takes_wide_tree_budgets_on_a_release_that_verifies_them(
     sglang: str, budget: int
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from patching.trees import RELEASE_OPTIONS
 
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.errors import ConfigError
@@ -48,35 +49,13 @@ CASES = [
         "algo.budget=64 is out of range: SGLang 0.5.11's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
         id="budget-above-wide-release",
     ),
-    pytest.param(
-        ["sglang=v0_5_23", "algo.budget=64"],
-        "algo.budget=64 is out of range: SGLang 0.5.23's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
-        id="budget-above-wide-0523",
-    ),
-    pytest.param(
-        ["sglang=v0_5_22", "algo.budget=64"],
-        "algo.budget=64 is out of range: SGLang 0.5.22's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
-        id="budget-above-wide-0522",
-    ),
-    pytest.param(
-        ["sglang=v0_5_21", "algo.budget=64"],
-        "algo.budget=64 is out of range: SGLang 0.5.21's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
-        id="budget-above-wide-0521",
-    ),
-    pytest.param(
-        ["sglang=v0_5_20", "algo.budget=64"],
-        "algo.budget=64 is out of range: SGLang 0.5.20's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
-        id="budget-above-wide-0520",
-    ),
-    pytest.param(
-        ["sglang=v0_5_18", "algo.budget=64"],
-        "algo.budget=64 is out of range: SGLang 0.5.18's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
-        id="budget-above-wide-0518",
-    ),
-    pytest.param(
-        ["sglang=v0_5_19", "algo.budget=64"],
-        "algo.budget=64 is out of range: SGLang 0.5.19's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
-        id="budget-above-wide-0519",
+    *(
+        pytest.param(
+            [f"sglang={option}", "algo.budget=64"],
+            f"algo.budget=64 is out of range: SGLang {option[1:].replace('_', '.')}'s patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+            id=f"budget-above-wide-{option}",
+        )
+        for option in RELEASE_OPTIONS
     ),
     # No release with a set keeps the block limit now; a release that declares no wider verify does.
     pytest.param(

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from staging import sglang_option
 
 from ddtree_deploy.errors import CommandFailed
 from ddtree_deploy.patching.manifest import (
@@ -42,6 +43,8 @@ REAL_RELEASES = (
     "0.5.22",
     "0.5.23",
 )
+# The conf/sglang options: one a release, a .post release staged through its base's.
+RELEASE_OPTIONS = tuple(dict.fromkeys(sglang_option(r) for r in REAL_RELEASES))
 
 
 def wheel_path(release: str) -> Path:

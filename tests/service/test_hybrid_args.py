@@ -86,7 +86,7 @@ def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
 @pytest.mark.parametrize("release", sorted(WITH_RADIX_CACHE))
 def test_only_hybrid_targets_turn_the_radix_cache_off(release: str) -> None:
     option = f"sglang=v{release.replace('.', '_')}"
-    for algo in ("dflash", "ddtree"):
+    for algo in ("dflash", "ddtree_shadow"):
         attention = compose_config(["host=ct200", "model=qwen3_8b", f"algo={algo}", option])
         hybrid = compose_config(["host=ct200", "model=qwen36_27b", f"algo={algo}", option])
         assert "--disable-radix-cache" not in server_argv(attention, api_key=False)
