@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from importlib import resources
 
 from hydra import compose, initialize_config_module
 from hydra.errors import HydraException, MissingConfigException
@@ -19,6 +20,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
     ValidationError,
 )
+from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy.config.rules import check_config
 from ddtree_deploy.config.schema import DeployConfig, register_configs
@@ -26,6 +28,8 @@ from ddtree_deploy.errors import ConfigError
 
 CONFIG_MODULE = "ddtree_deploy.conf"
 _MISSING_OPTION = re.compile(r"Could not find '(?P<group>[^']+)/(?P<option>[^']+)'")
+_SGLANG_OPTION = re.compile(r"^\+*sglang=(?P<value>.+)$")
+_SGLANG_VERSION = re.compile(r"^\+*sglang\.version=(?P<value>.+)$")
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DeployConfig:
@@ -37,13 +41,44 @@ def compose_config(overrides: Sequence[str] = ()) -> DeployConfig:
     register_configs()
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            raw = compose("config", overrides=list(overrides))
+            raw = compose("config", overrides=_with_release_option(overrides))
         cfg = OmegaConf.to_object(raw)
     except (HydraException, OmegaConfBaseException) as err:
         raise _as_config_error(err) from err
     assert isinstance(cfg, DeployConfig)
     check_config(cfg)
     return cfg
+
+
+def _release_option(version: str) -> str | None:
+    """The `sglang=` option that holds SGLang `version`'s pins and traits (a .post release's is
+    its base release's: 0.5.15.post1 -> v0_5_15), or None when conf/ has none for it."""
+    try:
+        base = Version(version).base_version
+    except InvalidVersion:
+        return None
+    option = "v" + base.replace(".", "_")
+    found = resources.files(CONFIG_MODULE).joinpath("sglang", f"{option}.yaml").is_file()
+    return option if found else None
+
+
+def _with_release_option(overrides: Sequence[str]) -> list[str]:
+    """`sglang.version=X` alone also picks X's own `sglang=` option, where conf/ has one: the
+    host's default option holds another release's pins and traits (whether its hybrid tree is
+    proven, its budget limit), which must not pass for X's. Naming X's option with another
+    release's is refused."""
+    versions = [m["value"].strip("'\"") for o in overrides if (m := _SGLANG_VERSION.match(o))]
+    if not versions or (own := _release_option(versions[-1])) is None:
+        return list(overrides)
+    chosen = [m["value"].strip("'\"") for o in overrides if (m := _SGLANG_OPTION.match(o))]
+    if not chosen:
+        return [*overrides, f"sglang={own}"]
+    if chosen[-1] != own:
+        raise ConfigError(
+            f"sglang.version={versions[-1]} does not match sglang={chosen[-1]}, which holds "
+            f"another release's pins and traits; drop sglang= or name sglang={own}."
+        )
+    return list(overrides)
 
 
 def _as_config_error(err: Exception) -> ConfigError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from patching.trees import RELEASE_OPTIONS
+from staging import sglang_option
 
 from ddtree_deploy.config import Algo, DeployConfig, Transport, TreeMode, compose_config
 from ddtree_deploy.config.rules import max_tree_budget
@@ -75,6 +76,22 @@ def test_compose_local_paths_follow_ddtree_deploy_home(monkeypatch: pytest.Monke
     cfg = _compose("sglang=v0_5_23")
     assert cfg.host.sglang_venv == "/srv/ddt/local/sglang-0.5.23"
     assert cfg.host.state_dir == "/srv/ddt/local/state"
+
+
+@pytest.mark.parametrize(
+    ("host", "algo", "version"),
+    [("local", "ddtree", "0.5.17"), ("ct200", "ddtree_shadow", "0.5.15.post1")],
+)
+def test_compose_version_alone_takes_that_release_s_option(
+    host: str, algo: str, version: str
+) -> None:
+    """`sglang.version=X` without `sglang=` brings X's own pins and traits, not those of the
+    host's default release (0.5.11's once made 0.5.17's hybrid tree pass as proven)."""
+    cfg = compose_config([f"host={host}", f"algo={algo}", f"sglang.version={version}"])
+    named = [f"host={host}", f"algo={algo}", f"sglang={sglang_option(version)}"]
+    assert cfg.sglang == compose_config([*named, f"sglang.version={version}"]).sglang
+    assert cfg.sglang.version == version
+    assert cfg.sglang != compose_config([f"host={host}", f"algo={algo}"]).sglang
 
 
 def test_compose_offers_an_sglang_option_for_each_release_with_a_set() -> None:

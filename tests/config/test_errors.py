@@ -99,6 +99,16 @@ CASES = [
         id="hybrid-tree-unproven-release",
     ),
     pytest.param(
+        ["host=ct200", "sglang.version=0.5.17", "algo=ddtree"],
+        "algo.mode=tree on the hybrid target qwen36_27b needs algo.allow_hybrid_unsafe=true on SGLang 0.5.17: the GPU lab has not proven this release's tree path through recurrent layers (it has for 0.5.11 and 0.5.14: DFLASH's tokens exactly, with sibling branches accepted); use algo=ddtree_shadow for the safe chain mode.",
+        id="hybrid-tree-unproven-release-by-version",
+    ),
+    pytest.param(
+        ["sglang=v0_5_11", "sglang.version=0.5.17"],
+        "sglang.version=0.5.17 does not match sglang=v0_5_11, which holds another release's pins and traits; drop sglang= or name sglang=v0_5_17.",
+        id="version-of-another-option",
+    ),
+    pytest.param(
         ["algo=ddtree_shadow", "algo.topk=2"],
         "algo.mode=shadow_linear needs the chain: algo.topk=1 and algo.budget=15 (got topk=2, budget=15); use algo=ddtree_shadow.",
         id="shadow-not-chain",
