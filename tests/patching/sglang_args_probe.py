@@ -284,6 +284,9 @@ def release_device(release: str) -> tuple[str, tuple[str, ...]]:
 
 
 def base_argv(model_dir: Path, draft_dir: Path, device: str = "cpu") -> list[str]:
+    """The arguments every resolution shares. The static memory fraction is given: left unset,
+    SGLang derives it from the memory the machine reports at that moment, which moved between
+    two resolutions on a loaded VM (0.569 against 0.566) and failed "exactly as before"."""
     return [
         "--model-path",
         str(model_dir),
@@ -291,6 +294,8 @@ def base_argv(model_dir: Path, draft_dir: Path, device: str = "cpu") -> list[str
         device,
         "--random-seed",
         "1234",
+        "--mem-fraction-static",
+        "0.8",
         "--speculative-draft-model-path",
         str(draft_dir),
     ]
