@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from gpulab.models import write_configs
 from patching.sglang_args_probe import resolve_server_args
-from staging import require_staging_venv
+from staging import require_staging_venv, sglang_option
 
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.service.render import server_argv
@@ -69,7 +69,7 @@ def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
     argv = _rendered_args(
         tmp_path,
         "algo=dflash",
-        f"sglang=v{release.replace('.', '_')}",
+        f"sglang={sglang_option(release)}",
         device=DEVICE.get(release, "cpu"),
     )
     assert "--disable-radix-cache" in argv
@@ -85,7 +85,7 @@ def test_hybrid_dflash_command_resolves(tmp_path: Path, release: str) -> None:
 
 @pytest.mark.parametrize("release", sorted(WITH_RADIX_CACHE))
 def test_only_hybrid_targets_turn_the_radix_cache_off(release: str) -> None:
-    option = f"sglang=v{release.replace('.', '_')}"
+    option = f"sglang={sglang_option(release)}"
     for algo in ("dflash", "ddtree_shadow"):
         attention = compose_config(["host=ct200", "model=qwen3_8b", f"algo={algo}", option])
         hybrid = compose_config(["host=ct200", "model=qwen36_27b", f"algo={algo}", option])
