@@ -81,6 +81,15 @@ def _with_release_option(overrides: Sequence[str]) -> list[str]:
     return list(overrides)
 
 
+# Keys a former release read, with what replaced them (a config that still sets one is told so).
+RETIRED_KEYS = {
+    "validation.hybrid_divergence": (
+        "the tree gate judges hybrid and pure-attention targets alike by the target's own "
+        "scores; drop it (validation.tie_tolerance says how near a tie may be)."
+    ),
+}
+
+
 def _as_config_error(err: Exception) -> ConfigError:
     if isinstance(err, MissingConfigException):
         return _missing_option_error(err)
@@ -89,6 +98,8 @@ def _as_config_error(err: Exception) -> ConfigError:
     first_line = _first_line(getattr(cause, "msg", None) or str(cause))
     if isinstance(cause, MissingMandatoryValue):
         return ConfigError(f"Config key {key} is required but has no value; set {key}=<value>.")
+    if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key in RETIRED_KEYS:
+        return ConfigError(f"Config key {key} was retired: {RETIRED_KEYS[key]}")
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
         return ConfigError(
             f"Config key {key} does not exist; check its spelling against the files in conf/."

@@ -222,6 +222,11 @@ def _validation_problems(cfg: DeployConfig) -> list[str]:
         problems.append(
             f"validation.acceptance_tolerance={val.acceptance_tolerance} must be in [0, 1)."
         )
+    if val.tie_tolerance < 0:
+        problems.append(
+            f"validation.tie_tolerance={val.tie_tolerance} must be at least 0 (nats; 0 asks "
+            "every tree token to be the target's top-1)."
+        )
     if not 0 < val.collapse_ratio <= 1:
         problems.append(f"validation.collapse_ratio={val.collapse_ratio} must be in (0, 1].")
     if val.repeats < 1:

@@ -42,7 +42,7 @@ from ddtree_deploy.validate.gates import (
     judge_shadow,
     judge_tree,
 )
-from ddtree_deploy.validate.measure import Measurement, measure
+from ddtree_deploy.validate.measure import Measurement, measure, score_answers
 from ddtree_deploy.validate.probes import Expected, ServiceProbe
 from ddtree_deploy.validate.record import ValidationRecord
 
@@ -438,13 +438,16 @@ def tree_judge(baseline: Measurement) -> Judge:
     def judge(probe: ServiceProbe, ctx: GateContext) -> tuple[list[GateResult], Measurement]:
         val = ctx.cfg.validation
         tree = _measure(probe, "DDTREE tree", "tree")
+        with probe.client() as client:
+            scoring = score_answers(client, val.prompts, tree, baseline)
         result = judge_tree(
             baseline,
             tree,
+            scoring,
+            tie_tolerance=val.tie_tolerance,
             min_speedup=val.min_speedup,
             min_tokens=val.min_measured_tokens,
             hybrid=ctx.cfg.model.hybrid,
-            hybrid_policy=val.hybrid_divergence,
         )
         return [result], tree
 

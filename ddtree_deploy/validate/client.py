@@ -13,6 +13,7 @@ sentences name the URL path, never headers.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -21,6 +22,7 @@ import httpx
 
 from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.validate.errors import BadResponse, ServiceUnreachable
+from ddtree_deploy.validate.scoring import TokenScore
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,68 @@ class SglangClient:
         body = self._json("POST", "/generate", json=payload)
         wall_s = time.perf_counter() - start
         return _completion(body, wall_s, self.base_url)
+
+    def score(self, text: str, continuation: Sequence[int]) -> tuple[TokenScore, ...]:
+        """The target's prefill scores of `continuation` after the prompt `text`.
+
+        Two prompt-scoring requests (`max_new_tokens: 0`, so the target only runs its prefill):
+        the prompt alone, for the token ids the server gives it (so the scored text is exactly
+        what `generate` saw), then those ids plus `continuation` with each position's log-prob
+        and top two from the last prompt token on.
+        """
+        if not continuation:
+            return ()
+        entries = self._scoring_meta({"text": text, "logprob_start_len": 0}).get(
+            "input_token_logprobs"
+        )
+        if not entries:
+            raise BadResponse(f"{self.base_url}/generate scored no prompt tokens.")
+        prompt_ids = [int(entry[1]) for entry in entries]
+        wanted = [*prompt_ids, *(int(t) for t in continuation)]
+        request = {
+            "input_ids": wanted,
+            "logprob_start_len": len(prompt_ids) - 1,
+            "top_logprobs_num": 2,
+        }
+        meta = self._scoring_meta(request)
+        tokens = meta.get("input_token_logprobs") or []
+        tops = meta.get("input_top_logprobs") or []
+        n = len(continuation)
+        if len(tokens) < n or len(tops) < n:
+            raise BadResponse(
+                f"{self.base_url}/generate scored {min(len(tokens), len(tops))} of {n} tokens."
+            )
+        scores = []
+        for want, entry, top in zip(continuation, tokens[-n:], tops[-n:], strict=True):
+            if entry[0] is None or int(entry[1]) != int(want) or not top:
+                raise BadResponse(
+                    f"{self.base_url}/generate scored tokens other than those it was sent."
+                )
+            ranked = sorted(((float(t[0]), int(t[1])) for t in top), reverse=True)
+            scores.append(
+                TokenScore(
+                    token=int(want),
+                    logprob=float(entry[0]),
+                    top_token=ranked[0][1],
+                    top_logprob=ranked[0][0],
+                    second_logprob=ranked[1][0] if len(ranked) > 1 else None,
+                )
+            )
+        return tuple(scores)
+
+    def _scoring_meta(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """`meta_info` of a prompt-scoring request (no new tokens, log-probs returned)."""
+        payload = {
+            **fields,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 0},
+            "return_logprob": True,
+        }
+        meta = self._json("POST", "/generate", json=payload).get("meta_info")
+        if not isinstance(meta, dict):
+            raise BadResponse(
+                f"{self.base_url}/generate answered a scoring request without `meta_info`."
+            )
+        return meta
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         response = self._request(method, path, **kwargs)

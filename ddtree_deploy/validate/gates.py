@@ -1,18 +1,20 @@
 """Gate verdicts, as pure functions of measurements: what passed, what failed, what could not judge.
 
-Nothing here talks to a host, so every rule (token identity, first divergence, acceptance
-collapse, speedup, the inconclusive policy) is unit-tested on hand-made measurements.
+Nothing here talks to a host, so every rule (token identity, first divergence, the tie rule on
+the target's scores, acceptance collapse, speedup, the inconclusive policy) is unit-tested on
+hand-made measurements.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from ddtree_deploy.config.schema import HybridDivergencePolicy, InconclusivePolicy
+from ddtree_deploy.config.schema import InconclusivePolicy
 from ddtree_deploy.validate.measure import Measurement
+from ddtree_deploy.validate.scoring import Scoring, TieVerdict, judge_ties, score_of
 
 CONTEXT_TOKENS = 12  # tokens of each continuation shown at a divergence
 
@@ -33,17 +35,62 @@ class Decision(StrEnum):
 
 @dataclass(frozen=True)
 class Divergence:
-    """Where a candidate's tokens first differ from the baseline's, and what each said next."""
+    """Where a candidate's tokens first differ from the baseline's, and what each said next.
+
+    The log-probs are the target's prefill scores of the two tokens at that position, where a
+    scoring request read them (the tree gate's), else None.
+    """
 
     prompt: str
     position: int
     baseline: tuple[int, ...]
     candidate: tuple[int, ...]
+    baseline_logprob: float | None = None
+    candidate_logprob: float | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """How much the target prefers the baseline's token here (negative: the candidate's)."""
+        if self.baseline_logprob is None or self.candidate_logprob is None:
+            return None
+        return self.baseline_logprob - self.candidate_logprob
 
     def sentence(self) -> str:
-        return (
+        text = (
             f"prompt {self.prompt!r} diverges at token {self.position}: baseline continues "
             f"{list(self.baseline)}, candidate {list(self.candidate)}"
+        )
+        if self.gap is not None:
+            text += (
+                f" (target log-probs {self.baseline_logprob:.4f} vs "
+                f"{self.candidate_logprob:.4f}, gap {abs(self.gap):.4f} nats)"
+            )
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "prompt": self.prompt,
+            "position": self.position,
+            "baseline": list(self.baseline),
+            "candidate": list(self.candidate),
+        }
+        if self.gap is not None:
+            data |= {
+                "baseline_logprob": self.baseline_logprob,
+                "candidate_logprob": self.candidate_logprob,
+                "gap": round(abs(self.gap), 6),
+            }
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Divergence:
+        return cls(
+            str(data["prompt"]),
+            int(data["position"]),
+            tuple(data["baseline"]),
+            tuple(data["candidate"]),
+            data.get("baseline_logprob"),
+            data.get("candidate_logprob"),
         )
 
 
@@ -65,12 +112,7 @@ class GateResult:
             "figures": self.figures,
         }
         if self.divergence is not None:
-            data["divergence"] = {
-                "prompt": self.divergence.prompt,
-                "position": self.divergence.position,
-                "baseline": list(self.divergence.baseline),
-                "candidate": list(self.divergence.candidate),
-            }
+            data["divergence"] = self.divergence.to_dict()
         return data
 
     @classmethod
@@ -82,20 +124,14 @@ class GateResult:
             Outcome(data["outcome"]),
             str(data["sentence"]),
             dict(data.get("figures") or {}),
-            Divergence(
-                str(div["prompt"]),
-                int(div["position"]),
-                tuple(div["baseline"]),
-                tuple(div["candidate"]),
-            )
-            if div
-            else None,
+            Divergence.from_dict(div) if div else None,
         )
 
 
-def first_divergence(baseline: Measurement, candidate: Measurement) -> Divergence | None:
-    """The first prompt (in baseline order) and token position where the two differ."""
+def divergences(baseline: Measurement, candidate: Measurement) -> list[Divergence]:
+    """Per prompt (in baseline order), the first token position where the two differ."""
     theirs = {r.name: r.output_ids for r in candidate.first_pass}
+    found = []
     for ours in baseline.first_pass:
         got = theirs.get(ours.name)
         if got is None or got == ours.output_ids:
@@ -104,13 +140,20 @@ def first_divergence(baseline: Measurement, candidate: Measurement) -> Divergenc
             (i for i, (a, b) in enumerate(zip(ours.output_ids, got, strict=False)) if a != b),
             min(len(ours.output_ids), len(got)),
         )
-        return Divergence(
-            prompt=ours.name,
-            position=pos,
-            baseline=ours.output_ids[pos : pos + CONTEXT_TOKENS],
-            candidate=got[pos : pos + CONTEXT_TOKENS],
+        found.append(
+            Divergence(
+                prompt=ours.name,
+                position=pos,
+                baseline=ours.output_ids[pos : pos + CONTEXT_TOKENS],
+                candidate=got[pos : pos + CONTEXT_TOKENS],
+            )
         )
-    return None
+    return found
+
+
+def first_divergence(baseline: Measurement, candidate: Measurement) -> Divergence | None:
+    """The first prompt (in baseline order) and token position where the two differ."""
+    return next(iter(divergences(baseline, candidate)), None)
 
 
 def _missing_prompts(baseline: Measurement, candidate: Measurement) -> list[str]:
@@ -187,18 +230,26 @@ def judge_shadow(
 def judge_tree(
     baseline: Measurement | None,
     tree: Measurement,
+    scoring: Scoring,
     *,
+    tie_tolerance: float,
     min_speedup: float,
     min_tokens: int,
     hybrid: bool,
-    hybrid_policy: HybridDivergencePolicy,
 ) -> GateResult:
-    """Tree mode must keep the tokens (pure attention) and beat the baseline's tokens/s."""
+    """Tree mode must emit only the target's greedy choices and beat the baseline's tokens/s.
+
+    The target's own prefill scores (`scoring`) judge every token tree mode emitted: one more
+    than `tie_tolerance` nats below the target's top-1 fails the gate, a bug and not a tie; a
+    divergence from the baseline within it is a bf16 near-tie between the two verify shapes.
+    Hybrid and pure-attention targets are judged alike: the prefill that scores them runs the
+    recurrent layers as a plain sequence, not along the tree's links.
+    """
     gate = "tree"
     if baseline is None or not baseline.results:
         return GateResult(gate, Outcome.inconclusive, "No linear-DFlash baseline was recorded.")
     speedup = tree.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
-    figures = {
+    figures: dict[str, Any] = {
         "baseline_tokens_per_s": round(baseline.tokens_per_s, 2),
         "tree_tokens_per_s": round(tree.tokens_per_s, 2),
         "speedup": round(speedup, 4),
@@ -212,28 +263,40 @@ def judge_tree(
         return GateResult(
             gate, Outcome.inconclusive, f"Prompts {missing} were not measured.", figures
         )
-    divergence = first_divergence(baseline, tree)
-    note = ""
-    if divergence is not None:
-        if not hybrid or hybrid_policy is HybridDivergencePolicy.fail:
-            target = "a hybrid target (policy fail)" if hybrid else "a pure-attention target"
-            return GateResult(
-                gate,
-                Outcome.failed,
-                f"Tree mode changed the output on {target}: {divergence.sentence()}.",
-                figures,
-                divergence,
-            )
-        if hybrid_policy is HybridDivergencePolicy.inconclusive:
+    found = [_with_scores(d, baseline, tree, scoring) for d in divergences(baseline, tree)]
+    first = found[0] if found else None
+    ties = judge_ties(scoring.candidate, tie_tolerance)
+    figures.update(_tie_figures(baseline, tree, scoring, ties, found))
+    if scoring.error is not None:
+        if first is not None:
             return GateResult(
                 gate,
                 Outcome.inconclusive,
-                f"Tree mode diverges on this hybrid target (policy inconclusive): "
-                f"{divergence.sentence()}.",
+                f"Tree mode diverges from linear DFlash ({first.sentence()}), and the target's "
+                f"scores that tell a near-tie from a bug could not be read: {scoring.error}",
                 figures,
-                divergence,
+                first,
             )
-        note = f" (hybrid divergence accepted by policy: {divergence.sentence()})"
+    elif (beyond := ties.beyond) is not None:
+        output, position, score = beyond
+        return GateResult(
+            gate,
+            Outcome.failed,
+            f"Tree mode emitted a token the target does not choose: prompt {output.prompt!r} "
+            f"token {position} is {score.token} (log-prob {score.logprob:.4f}) where the "
+            f"target's top-1 is {score.top_token} ({score.top_logprob:.4f}), {score.gap:.4f} "
+            f"nats apart, beyond validation.tie_tolerance={tie_tolerance:g}.",
+            figures,
+            first,
+        )
+    agreement = (
+        "with identical tokens"
+        if first is None
+        else f"its tokens differing from linear DFlash's only at near-ties of the target "
+        f"({len(found)} of {len(baseline.first_pass)} prompts; every emitted token within "
+        f"{ties.max_gap:.4f} nats of the target's top-1, validation.tie_tolerance="
+        f"{tie_tolerance:g})"
+    )
     if min(tree.total_tokens, baseline.total_tokens) < min_tokens:
         return GateResult(
             gate,
@@ -241,25 +304,81 @@ def judge_tree(
             f"Only {min(tree.total_tokens, baseline.total_tokens)} tokens were measured, fewer "
             f"than validation.min_measured_tokens={min_tokens}, so the speedup is not judged.",
             figures,
-            divergence,
+            first,
         )
+    speed = (
+        f"Tree mode runs {tree.tokens_per_s:.1f} tok/s, {speedup:.2f} x the baseline's "
+        f"{baseline.tokens_per_s:.1f}"
+    )
     if speedup < min_speedup:
         return GateResult(
             gate,
             Outcome.failed,
-            f"Tree mode runs {tree.tokens_per_s:.1f} tok/s, {speedup:.2f} x the baseline's "
-            f"{baseline.tokens_per_s:.1f}, below validation.min_speedup={min_speedup:g}{note}.",
+            f"{speed}, below validation.min_speedup={min_speedup:g} ({agreement}).",
             figures,
-            divergence,
+            first,
         )
-    return GateResult(
-        gate,
-        Outcome.passed,
-        f"Tree mode runs {tree.tokens_per_s:.1f} tok/s, {speedup:.2f} x the baseline's "
-        f"{baseline.tokens_per_s:.1f}, with identical tokens{note}.",
-        figures,
-        divergence,
-    )
+    return GateResult(gate, Outcome.passed, f"{speed}, {agreement}.", figures, first)
+
+
+def _with_scores(
+    divergence: Divergence, baseline: Measurement, tree: Measurement, scoring: Scoring
+) -> Divergence:
+    """`divergence` with the target's log-probs of both tokens at its position."""
+    position, prompt = divergence.position, divergence.prompt
+    ours = next(r.output_ids for r in baseline.first_pass if r.name == prompt)
+    theirs = next(r.output_ids for r in tree.first_pass if r.name == prompt)
+    if position >= min(len(ours), len(theirs)):
+        return divergence  # one output is a prefix of the other: no competing tokens
+    base = score_of(scoring.find(prompt, ours, baseline=True), position, ours[position])
+    cand = score_of(scoring.find(prompt, theirs, baseline=False), position, theirs[position])
+    return replace(divergence, baseline_logprob=base, candidate_logprob=cand)
+
+
+def _tie_figures(
+    baseline: Measurement,
+    tree: Measurement,
+    scoring: Scoring,
+    ties: TieVerdict,
+    found: Sequence[Divergence],
+) -> dict[str, Any]:
+    """The tie rule's figures for the report: overall, then per prompt."""
+    by_prompt = {d.prompt: d for d in found}
+    rows = []
+    for result in tree.first_pass:
+        outputs = [o for o in scoring.candidate if o.prompt == result.name]
+        worst = max((o.max_gap for o in outputs), default=None)
+        div = by_prompt.get(result.name)
+        if worst is not None and worst > ties.tolerance:
+            verdict = "beyond tolerance"
+        elif div is None:
+            verdict = "identical"
+        elif worst is None:
+            verdict = "diverged, not scored"
+        else:
+            verdict = "near-tie"
+        rows.append(
+            {
+                "prompt": result.name,
+                "tokens": len(result.output_ids),
+                "outputs_scored": len(outputs),
+                "max_gap": _round(worst),
+                "divergence": div.to_dict() if div else None,
+                "verdict": verdict,
+            }
+        )
+    figures: dict[str, Any] = {
+        "tie_tolerance": ties.tolerance,
+        "tokens_scored": ties.tokens,
+        "max_gap": _round(ties.max_gap),
+        "off_top_tokens": ties.off_top,
+        "baseline_max_gap": _round(max((o.max_gap for o in scoring.baseline), default=0.0)),
+        "divergences": len(found),
+        "per_prompt": rows,
+    }
+    if scoring.error is not None:
+        figures["scoring_error"] = scoring.error
+    return figures
 
 
 def decide(results: Sequence[GateResult], policy: InconclusivePolicy) -> Decision:

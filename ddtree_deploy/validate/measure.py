@@ -18,6 +18,7 @@ from typing import Any
 from ddtree_deploy.config.schema import PromptConfig
 from ddtree_deploy.validate.client import SglangClient
 from ddtree_deploy.validate.errors import ValidationError
+from ddtree_deploy.validate.scoring import ScoredOutput, Scoring
 
 
 @dataclass(frozen=True)
@@ -171,3 +172,25 @@ def measure(
             paused += pause_s
         results += [answer(prompt, repeat) for prompt in prompts]
     return Measurement(label, tuple(results), elapsed_s=time.perf_counter() - start - paused)
+
+
+def score_answers(
+    client: SglangClient,
+    prompts: Sequence[PromptConfig],
+    candidate: Measurement,
+    baseline: Measurement,
+) -> Scoring:
+    """The target's prefill scores of every distinct answer the candidate gave (all passes) and
+    of the baseline's first pass, read from the service `client` reaches; where that service
+    cannot score (it refuses or answers malformed), `Scoring.error` says why.
+    """
+    texts = {p.name: p.text for p in prompts}
+
+    def scored(results: Sequence[PromptResult]) -> tuple[ScoredOutput, ...]:
+        distinct = {(r.name, r.output_ids): None for r in results if r.name in texts}
+        return tuple(ScoredOutput(name, client.score(texts[name], ids)) for name, ids in distinct)
+
+    try:
+        return Scoring(candidate=scored(candidate.results), baseline=scored(baseline.first_pass))
+    except ValidationError as err:
+        return Scoring(error=str(err))

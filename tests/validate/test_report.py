@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 from ddtree_deploy.report.run_report import write_run_report
-from ddtree_deploy.validate.gates import Decision, GateResult, Outcome, judge_shadow
+from ddtree_deploy.validate.gates import Decision, GateResult, Outcome, judge_shadow, judge_tree
 from ddtree_deploy.validate.measure import Measurement, PromptResult
 from ddtree_deploy.validate.record import ValidationRecord
+from ddtree_deploy.validate.scoring import ScoredOutput, Scoring, TokenScore
 
 BASE = Measurement("linear", (PromptResult("code", 0, (1, 2, 3, 4), 4, 2, 0.5),))
 SHADOW = Measurement("shadow", (PromptResult("code", 0, (1, 2, 9, 4), 4, 2, 0.5),))
@@ -36,3 +37,28 @@ def test_report_shows_gates_figures_divergence_and_decision(tmp_path: Path) -> N
     assert "First divergence (shadow_linear): prompt `code`, token 2." in markdown
     assert "| health | passed | 200 |" in markdown
     assert "mean acceptance length **2.0**" in markdown
+
+
+def test_report_shows_the_tie_rule_per_prompt_with_the_divergence_s_scores(
+    tmp_path: Path,
+) -> None:
+    """A tree that flips a near-tie: the report names both tokens, their scores and the gap."""
+    tree = Measurement("tree", (PromptResult("code", 0, (1, 2, 9, 4), 4, 2, 0.4),))
+    scores = [TokenScore(t, -0.1, t, -0.1) for t in (1, 2, 9, 4)]
+    scores[2] = TokenScore(9, -0.15, 3, -0.1)
+    base_scores = tuple(TokenScore(t, -0.1, t, -0.1) for t in (1, 2, 3, 4))
+    scoring = Scoring((ScoredOutput("code", tuple(scores)),), (ScoredOutput("code", base_scores),))
+    gate = judge_tree(
+        BASE, tree, scoring, tie_tolerance=0.5, min_speedup=1.0, min_tokens=1, hybrid=False
+    )
+    record = ValidationRecord("ct200", "DDTREE tree, budget 15, topk 4")
+    record.add("tree", "DDTREE tree, budget 15, topk 4", 3, [gate], tree)
+    record.decide(Decision.promote, "promoted")
+
+    _, md_path = write_run_report(tmp_path, record.to_dict())
+
+    markdown = md_path.read_text()
+    assert "baseline's token -0.1, candidate's -0.15 (gap 0.05 nats)" in markdown
+    assert (
+        "| code | 4 | 1 | 0.05 | token 2: 3 vs 9 (-0.1 vs -0.15, gap 0.05) | near-tie |" in markdown
+    )
