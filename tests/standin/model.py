@@ -4,7 +4,11 @@ TEST DOUBLE: real SGLang cannot run without GPUs, so the stand-in server decodes
 instead of a language model. What it keeps from the real thing is what the gates observe:
 
 - the target is greedy over a fixed pseudo-random table (the next token depends on the last
-  two), so every speculative scheme that is lossless yields exactly the same tokens;
+  two), so every speculative scheme that is lossless yields exactly the same tokens; its
+  scores (`target_logprobs`, what a prompt-scoring request returns) put that token first and a
+  runner-up second, nearly tied with it in a few contexts (`NEAR_TIE_SHARE`), as a bf16 model
+  is: a tree that picks the runner-up there (the `flip_near_ties` fault) flips a near-tie,
+  one that commits any other token (a planted bug) is far below the target's choice;
 - the draft gives, for each of the L = block_size - 1 positions after the root, a distribution
   in which the target's true token sits at rank 0 most of the time, sometimes at rank 1 or 2,
   rarely nowhere near the top (a deterministic hash decides), so a tree with top-k > 1 recovers
@@ -37,6 +41,8 @@ from dataclasses import dataclass
 import torch
 from ddtree_kernels import reference
 
+from standin.planted_bug import take_a_wrong_child
+
 VOCAB = 64
 _SEED = 20261130
 
@@ -56,6 +62,12 @@ _MISS_RANK = 9  # beyond any top-k the configs use: the tree cannot recover it e
 # but unsure, 17 % second, 5 % third, 3 % a miss. Linear acceptance ~4.1, tree (top-k 4) ~4.7.
 _RANKS = ((0.55, 0, False), (0.75, 0, True), (0.92, 1, True), (0.97, 2, True))
 KNEE_NODES = 64  # verified tokens per pass at which compute costs as much as the fixed part
+# The target's scores: its greedy token at TOP_LOGIT, a runner-up RUNNER_UP_GAP below it, or
+# NEAR_TIE_GAP below in NEAR_TIE_SHARE of the contexts, every other token at 0.
+TOP_LOGIT = 4.0
+RUNNER_UP_GAP = 2.0
+NEAR_TIE_GAP = 0.05
+NEAR_TIE_SHARE = 0.15
 
 
 def pass_time(step_s: float, batch_nodes: float) -> float:
@@ -74,6 +86,31 @@ def detokenize(ids: list[int]) -> str:
 
 def target_next(prev: int, last: int) -> int:
     return int(_TARGET[prev, last])
+
+
+def near_tie(prev: int, last: int) -> bool:
+    """Whether the target's top two are nearly tied after (prev, last)."""
+    return _unit(_SEED, -1, prev, last) < NEAR_TIE_SHARE
+
+
+def runner_up(prev: int, last: int) -> int:
+    """The target's second choice after (prev, last): never its first nor the token after it
+    (the `tree_divergence` fault's wrong token stays far from the target's choice)."""
+    return (target_next(prev, last) + 2 + (7 * prev + last) % (VOCAB - 3)) % VOCAB
+
+
+def flipped_next(prev: int, last: int) -> int:
+    """What a tree verify that flips near-ties picks: the runner-up where the top two tie."""
+    return runner_up(prev, last) if near_tie(prev, last) else target_next(prev, last)
+
+
+def target_logprobs(prev: int, last: int) -> torch.Tensor:
+    """[VOCAB] log-probs of the target's next token after (prev, last)."""
+    logits = torch.zeros(VOCAB, dtype=torch.float64)
+    logits[target_next(prev, last)] = TOP_LOGIT
+    gap = NEAR_TIE_GAP if near_tie(prev, last) else RUNNER_UP_GAP
+    logits[runner_up(prev, last)] = TOP_LOGIT - gap
+    return torch.log_softmax(logits, dim=0)
 
 
 def _unit(*parts: int) -> float:
@@ -128,6 +165,8 @@ class Decoder:
     tree_cost: float
     collapsed: bool = False
     diverge_at: int | None = None  # emit a wrong token at this output position (fault)
+    flip_near_ties: bool = False  # verify picks the runner-up at near-ties (a bf16 flip)
+    wrong_child: bool = False  # the walk also takes a child the target did not pick (a bug)
 
     @property
     def is_tree(self) -> bool:
@@ -178,12 +217,17 @@ class Decoder:
         tokens, parents = tree.tokens[0], tree.parents[0]
         n = int(tree.num_nodes[0])
         before_root = context[-2] if len(context) > 1 else 0
+        choose = flipped_next if self.flip_near_ties else target_next
         target = torch.zeros_like(tokens)
         for i in range(n):  # the target's greedy token after each node's path
             parent = int(parents[i])
             prev = before_root if parent < 0 else int(tokens[parent])
-            target[i] = target_next(prev, int(tokens[i]))
+            target[i] = choose(prev, int(tokens[i]))
         walk = reference.verify_walk(
             tokens.unsqueeze(0), parents.unsqueeze(0), target.unsqueeze(0), width
         )
+        if self.wrong_child:
+            walk = take_a_wrong_child(
+                walk, tokens.unsqueeze(0), parents.unsqueeze(0), target.unsqueeze(0)
+            )
         return [int(t) for t in walk.accept_tokens[0, : int(walk.accept_len[0])]]

@@ -18,6 +18,10 @@ baseline and every rollback stay healthy:
 - `STANDIN_FAULT=wrong_algorithm`: `/get_server_info` reports DFLASH (a silent fallback);
 - `STANDIN_FAULT=acceptance_collapse`: the draft gets no hidden states, acceptance drops to 1;
 - `STANDIN_FAULT=tree_divergence`: tree mode emits a wrong token at output position 5;
+- `STANDIN_FAULT=tree_near_tie_flip`: tree verify picks the target's runner-up wherever its top
+  two are nearly tied (`standin.model.near_tie`): a bf16 flip, lossless within the tie rule;
+- `STANDIN_FAULT=wrong_child`: the tree walk also accepts a child the target did not pick
+  (`standin.planted_bug`, the bug the GPU lab plants in a real server);
 - `STANDIN_FAULT=tree_slow`: a tree node costs 4 x a chain token to verify (tree slower than
   linear at every batch size);
 - `STANDIN_FAULT_BUDGET=<n>`: the two tree faults above apply only when the tree's budget is n
@@ -42,7 +46,9 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-from standin.model import Decoder, detokenize, tokenize
+import torch
+
+from standin.model import Decoder, detokenize, target_logprobs, tokenize
 
 FAULTS = (
     "none",
@@ -51,6 +57,8 @@ FAULTS = (
     "wrong_algorithm",
     "acceptance_collapse",
     "tree_divergence",
+    "tree_near_tie_flip",
+    "wrong_child",
     "tree_slow",
 )
 _OPEN_PATHS = ("/health", "/health_generate", "/metrics")  # SGLang's API key middleware skips them
@@ -113,6 +121,8 @@ class Service:
             tree_cost=4.0 if self.fault == "tree_slow" else knobs.tree_cost,
             collapsed=self.fault == "acceptance_collapse",
             diverge_at=5 if self.fault == "tree_divergence" and tree else None,
+            flip_near_ties=self.fault == "tree_near_tie_flip" and tree,
+            wrong_child=self.fault == "wrong_child" and tree,
         )
         # One "GPU": requests in flight share every verify pass (a batch), so each pass costs
         # more the more tokens all of them verify (`standin.model.pass_time`).
@@ -139,8 +149,14 @@ class Service:
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         params = body.get("sampling_params") or {}
-        prompt = tokenize(str(body.get("text", "")))
+        ids = body.get("input_ids")
+        prompt = [int(i) for i in ids] if ids else tokenize(str(body.get("text", "")))
         max_new = int(params.get("max_new_tokens", 128))
+        if body.get("return_logprob"):
+            if max_new != 0:  # what every release's set answers: only scoring requests pass
+                raise Refused("DFLASH speculative decoding does not support return_logprob yet.")
+            return _scored(prompt, int(body.get("logprob_start_len", -1)),
+                           int(body.get("top_logprobs_num", 0)))  # fmt: skip
         start = time.perf_counter()
         with self.lock:
             self.in_flight += 1
@@ -197,6 +213,30 @@ class Service:
         return {"object": "list", "data": [card]}
 
 
+class Refused(Exception):
+    """A request SGLang aborts with HTTP 400 and this sentence."""
+
+
+def _scored(ids: list[int], start: int, top: int) -> dict[str, Any]:
+    """A prompt-scoring answer (`max_new_tokens: 0`): SGLang's `input_token_logprobs` and
+    `input_top_logprobs` from `start` on, the first entry without a log-prob, as 0.5.11 gives."""
+    start = max(0, start)
+    tokens: list[list[Any]] = [[None, ids[start], None]] if start < len(ids) else []
+    tops: list[list[list[Any]] | None] = [None] if start < len(ids) else []
+    for j in range(start + 1, len(ids)):
+        logp = target_logprobs(ids[j - 2] if j > 1 else 0, ids[j - 1])
+        tokens.append([float(logp[ids[j]]), ids[j], None])
+        best = torch.topk(logp, top) if top else None
+        tops.append(
+            [[float(v), int(i), None] for v, i in zip(*best, strict=True)] if best else None
+        )
+    meta = {"id": uuid.uuid4().hex, "prompt_tokens": len(ids), "completion_tokens": 0,
+            "input_token_logprobs": tokens, "output_token_logprobs": []}  # fmt: skip
+    if top:
+        meta |= {"input_top_logprobs": tops, "output_top_logprobs": []}
+    return {"text": "", "output_ids": [], "meta_info": meta}
+
+
 def _plain(value: Any) -> Any:
     try:
         json.dumps(value)
@@ -232,7 +272,10 @@ class Handler(BaseHTTPRequestHandler):
         elif not service.ready:
             self._send(503, {"error": "server is starting"})
         elif (method, path) == ("POST", "/generate"):
-            self._send(200, service.generate(json.loads(raw or b"{}")))
+            try:
+                self._send(200, service.generate(json.loads(raw or b"{}")))
+            except Refused as refusal:
+                self._send(400, {"error": {"message": str(refusal)}})
         elif method == "GET" and path in _GET_ROUTES:
             self._send(200, getattr(service, _GET_ROUTES[path])())
         else:
@@ -271,8 +314,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse like `python -m sglang.launch_server`, then serve until killed."""
     logging.basicConfig(level=logging.INFO, format="[standin] %(message)s", stream=sys.stdout)
     knobs = Knobs.from_env()
-    import torch
-
     torch.set_num_threads(1)  # one core per pass keeps the sleep-based timing dominant
     from sglang.srt.server_args import prepare_server_args  # type: ignore[import-not-found]
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ddtree_deploy.config import compose_config
-from ddtree_deploy.config.schema import HybridDivergencePolicy, PromptConfig
+from ddtree_deploy.config.schema import PromptConfig
 from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.validate.client import SglangClient
 from ddtree_deploy.validate.errors import BadResponse, ServiceUnreachable
 from ddtree_deploy.validate.gates import Outcome, judge_shadow, judge_tree
-from ddtree_deploy.validate.measure import measure
+from ddtree_deploy.validate.measure import measure, score_answers
 from ddtree_deploy.validate.probes import Expected
 from validate.conftest import API_KEY, LocalStandin, start_local_standin
 
@@ -103,17 +104,47 @@ def test_tree_stand_in_keeps_linear_tokens_and_is_faster(
         linear.process.wait(timeout=30)
     with client(local_standin) as sgl:
         tree = measure(sgl, PROMPTS, label="tree", repeats=1, timeout_s=120)
+        scoring = score_answers(sgl, PROMPTS, tree, baseline)
     verdict = judge_tree(
-        baseline,
-        tree,
-        min_speedup=1.05,
-        min_tokens=64,
-        hybrid=False,
-        hybrid_policy=HybridDivergencePolicy.fail,
+        baseline, tree, scoring, tie_tolerance=0.5, min_speedup=1.05, min_tokens=64, hybrid=False
     )
     assert verdict.outcome is Outcome.passed, verdict.sentence
+    assert verdict.figures["tokens_scored"] == tree.total_tokens
+    assert verdict.figures["max_gap"] == 0.0  # a lossless tree emits the target's top-1
     assert tree.mean_accept_length and baseline.mean_accept_length
     assert tree.mean_accept_length > baseline.mean_accept_length
     # The tree's tokens are the linear ones; the shadow gate would pass on them too.
     shadow_like = judge_shadow(baseline, baseline, tolerance=0.02, collapse_ratio=0.6)
     assert shadow_like.outcome is Outcome.passed
+
+
+def test_scoring_reads_the_target_s_own_log_probs_for_any_continuation(
+    local_standin: LocalStandin,
+) -> None:
+    """The prompt-scoring request's answer, parsed: each token's log-prob and the top-1, as the
+    stand-in's target scores them (`standin.model.target_logprobs`)."""
+    from standin.model import target_logprobs, tokenize
+
+    text = "Hello there"
+    with client(local_standin) as sgl:
+        greedy = sgl.generate(text, 24).output_ids
+        wrong = (*greedy[:5], (greedy[5] + 1) % 64, *greedy[6:])
+        right, off = sgl.score(text, greedy), sgl.score(text, wrong)
+    assert [s.token for s in right] == list(greedy)
+    assert all(s.gap == 0.0 and s.top_token == s.token for s in right)
+    context = [*tokenize(text), *wrong]
+    expected = target_logprobs(context[-len(wrong) - 2 + 5], context[-len(wrong) - 1 + 5])
+    assert off[5].token == wrong[5] and off[5].top_token == greedy[5]
+    assert off[5].logprob == pytest.approx(float(expected[wrong[5]]))
+    assert off[5].gap == pytest.approx(float(expected[greedy[5]] - expected[wrong[5]]))
+    assert off[5].gap > 1.0
+
+
+def test_a_log_prob_request_that_generates_is_refused_as_the_sets_refuse_it(
+    local_standin: LocalStandin,
+) -> None:
+    body = {"text": "Hi", "sampling_params": {"max_new_tokens": 4}, "return_logprob": True}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    answer = httpx.post(f"{local_standin.url}/generate", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 400
+    assert "does not support return_logprob" in answer.text

@@ -121,7 +121,7 @@ def test_tune_never_promotes_a_diverging_candidate(tune_host: StandinLab, tmp_pa
     assert any("starts on linear DFlash" in note for note in report["notes"])
     diverged = by_slug(report)["b8k2"]
     assert diverged["verdict"] == "failed"
-    assert "changed the output" in diverged["sentence"]
+    assert "emitted a token the target does not choose" in diverged["sentence"]
     assert report["tune"]["winner"] == "b15k2"
     state = host_state(tune_host)
     assert "budget 15, topk 2" in state["summary"]

@@ -81,28 +81,65 @@ def test_validate_records_a_baseline_then_judges_ddtree_against_it(
         tree.process.wait(timeout=30)
 
 
-def test_validate_fails_a_diverging_tree_with_the_first_divergence(
-    standin_root: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = standin_root[0]
+def _judge_tree_with_fault(
+    root: Path, tmp_path: Path, fault: str, *overrides: str, baseline: bool = True
+) -> tuple[int, dict[str, Any]]:
+    """Validate linear DFlash (the baseline, unless one is stored), then a tree stand-in with
+    `fault`; (exit code, the tree gate)."""
+    code = 0
+    linear = [("algo=dflash", ("--speculative-algorithm", "DFLASH"), None)] if baseline else []
     for algo, args, env in (
-        ("algo=dflash", ("--speculative-algorithm", "DFLASH"), None),
+        *linear,
         ("algo=ddtree", ("--speculative-algorithm", "DDTREE", "--speculative-ddtree-topk", "4"),
-         {"STANDIN_FAULT": "tree_divergence"}),
+         {"STANDIN_FAULT": fault}),
     ):  # fmt: skip
         server = _serve(root, tmp_path, *args, env=env)
         try:
-            code = _validate(
-                tmp_path, server.url.rsplit(":", 1)[1], algo, "validation.concurrency=2"
-            )
+            code = _validate(tmp_path, server.url.rsplit(":", 1)[1], algo, *overrides)
         finally:
             server.process.terminate()
             server.process.wait(timeout=30)
+    return code, _report(tmp_path)["phases"][0]["gates"][-1]
+
+
+def test_validate_fails_a_tree_that_emits_a_wrong_token_and_names_it(
+    standin_root: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, gate = _judge_tree_with_fault(
+        standin_root[0], tmp_path, "tree_divergence", "validation.concurrency=2"
+    )
     assert code == 10
-    gate = _report(tmp_path)["phases"][0]["gates"][-1]
     assert (gate["gate"], gate["outcome"]) == ("tree", "failed")
     assert gate["divergence"]["position"] == 5
-    assert "diverges at token 5" in capsys.readouterr().err
+    assert gate["figures"]["max_gap"] > gate["figures"]["tie_tolerance"]
+    assert "emitted a token the target does not choose" in capsys.readouterr().err
+
+
+def test_validate_passes_a_tree_that_flips_near_ties_and_reports_each_gap(
+    standin_root: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """bf16 near-ties flipped by tree verify (the stand-in's target has a few 0.05-nat ties):
+    the tokens differ from linear DFlash's, every one is within the tolerance, the gate passes
+    and its report lists each divergence with both tokens' scores."""
+    # Speed is not what this judges: a flip leaves the drafter's path, so acceptance drops.
+    slower = "validation.min_speedup=0.5"
+    code, gate = _judge_tree_with_fault(standin_root[0], tmp_path, "tree_near_tie_flip", slower)
+    assert code == 0, gate["sentence"]
+    assert gate["outcome"] == "passed"
+    assert "only at near-ties of the target" in gate["sentence"]
+    diverged = [row for row in gate["figures"]["per_prompt"] if row["divergence"]]
+    assert diverged and all(row["verdict"] == "near-tie" for row in diverged)
+    assert all(row["divergence"]["gap"] == pytest.approx(0.05, abs=1e-6) for row in diverged)
+    # With the tolerance below the ties, the same tree fails: the rule, not luck, passed it.
+    code, gate = _judge_tree_with_fault(
+        standin_root[0],
+        tmp_path,
+        "tree_near_tie_flip",
+        slower,
+        "validation.tie_tolerance=0.01",
+        baseline=False,
+    )
+    assert (code, gate["outcome"]) == (10, "failed")
 
 
 def test_validate_refuses_a_staging_host_where_no_server_runs(
