@@ -1,12 +1,28 @@
-"""Tiny random-weight models for the GPU lab, made on the spot: targets, DFlash drafts, tokenizer.
+"""Random-weight models for the GPU lab, made on the spot: targets, DFlash drafts, tokenizer.
 
-Two targets: a pure-attention `Qwen3ForCausalLM` and a hybrid `Qwen3NextForCausalLM` (gated
-delta-net layers between attention layers), both with a 64-token character vocabulary. A
-vocabulary that small makes the target's greedy token fall among the draft's top-k often, so
-tree mode accepts through sibling branches: the path a hybrid target's recurrent state can get
-wrong. All weights are drawn from a fixed seed and written as safetensors, so every server
-start reads the same models. The tokenizer is a real `tokenizers` character vocabulary, so the
-validation prompts (text) go through SGLang's tokenizer and detokenizer as in production.
+Two targets, each at two sizes: a pure-attention `Qwen3ForCausalLM` and a hybrid
+`Qwen3NextForCausalLM` (gated delta-net layers between attention layers), all with a 64-token
+character vocabulary. A vocabulary that small makes the target's greedy token fall among the
+draft's top-k often, so tree mode accepts through sibling branches: the path a hybrid target's
+recurrent state can get wrong. All weights are drawn from a fixed seed and written as
+safetensors, so every server start reads the same models. The tokenizer is a real `tokenizers`
+character vocabulary, so the validation prompts (text) go through SGLang's tokenizer and
+detokenizer as in production.
+
+Sizes (`SIZES`):
+
+- `tiny`: 4 layers of width 128, initializer_range 0.4 (wide logit gaps, few bf16 near-ties);
+  written on the CPU in float32, then cast to bf16.
+- `realistic`: the attention target has Qwen3-8B's dimensions (hidden 4096, 36 layers, 32/8
+  heads of 128, intermediate 12288: 7.0 B parameters, 13.9 GB in bf16); the hybrid has
+  Qwen3-Next-80B-A3B's width and depth (hidden 2048, 48 layers, every fourth one attention,
+  16/2 heads of 256) with half its linear-attention heads (8 key, 16 value heads of 128, so the
+  speculative Mamba states of five servers fit one GPU) and 16 experts (top 4) of 256 instead
+  of 512 of 512 (2.3 B parameters, 4.6 GB). Both at initializer_range 0.02, as trained models
+  are initialised: logit gaps under 0.05 every 10 to 20 tokens, the near-ties a bf16 server
+  flips. Written on the GPU (`with torch.device("cuda")`, bf16: float32 init of 7 B
+  parameters on a CPU takes minutes), never carried. Their drafters have the target's width,
+  one layer, and read five target layers spread over its depth, as Qwen3-8B's DFlash drafter.
 
 Random weights alone give a drafter that almost never agrees with the target (acceptance
 about 1.04), which exercises no tree. So the models are shaped, and only this way: the target's
@@ -15,19 +31,24 @@ in an order the context decides; the drafter (which reads the target's embedding
 head, as DFlash does) sees the [MASK] embedding pointed at those four rows with falling
 weights, so its top-4 is the favoured set, best first, nudged by its small random layer. The
 chain then accepts when the target picks the first favoured token; the tree also accepts
-through the siblings.
+through the siblings. The shaping is scale-free, so the realistic size keeps it (the favoured
+set wins the target's argmax about 60% of the time at any width); what depends on the width is
+rescaled (`shaping`) so the drafter's [MASK] logits and the weight of its random layer against
+the [MASK] direction stay the tiny drafter's.
 
-`write_model(root, kind)` needs torch, tokenizers and transformers (the SGLang venv has them);
-`write_configs(root, kind)` writes the configs only, which is what CPU tests of argument
-resolution need. Command line (on the GPU machine): `python models.py OUT_DIR`.
+`write_model(root, kind, size)` needs torch, tokenizers and transformers (the SGLang venv has
+them; the realistic size a GPU too); `write_configs(root, kind, size)` writes the configs only,
+which is what CPU tests of argument resolution need. Command line (on the GPU machine):
+`python models.py OUT_DIR [SIZE [KIND...]]` writes OUT_DIR/SIZE/KIND/{target,draft}.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[EOS]", "[MASK]")
 CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;!?'\"()[]{}-_/*+=<>\n"
@@ -37,70 +58,225 @@ assert len(VOCAB) == 64, len(VOCAB)
 
 SEED = 20261201
 KINDS = ("attention", "hybrid")
+SIZES = ("tiny", "realistic")
 DRAFT_BLOCK_SIZE = 16
-DRAFT_TARGET_LAYERS = [1, 2]  # target layers whose hidden states feed the drafter
 FAVOURED = "eta "  # the tokens the target mostly emits and the drafter ranks first, in order
 FAVOURED_SCALE = 3.0  # their output rows' growth in the target
-# The drafter's final norm scale: soft enough (top-1 about -0.5 nats, the second -1.2) that the
-# best-first tree spends its budget on siblings, not on a 15-deep chain of the top-1 token.
-DRAFT_NORM = 0.045
+DRAFT_CONTEXT_LAYERS = 5  # target layers a realistic drafter reads (Qwen3-8B's DFlash: 5)
 
 _COMMON: dict[str, Any] = {
     "vocab_size": len(VOCAB),
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
     "max_position_embeddings": 4096,
     "rms_norm_eps": 1e-6,
     "rope_theta": 1000000.0,
     "hidden_act": "silu",
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
-    # Twenty times the usual spread: wider logit gaps, fewer bf16 near-ties in greedy decoding.
-    "initializer_range": 0.4,
     "pad_token_id": PAD_ID,
     "eos_token_id": EOS_ID,
 }
+_TINY: dict[str, Any] = {
+    **_COMMON,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    # Twenty times the usual spread: wider logit gaps, fewer bf16 near-ties in greedy decoding.
+    "initializer_range": 0.4,
+}
+_REALISTIC: dict[str, Any] = {**_COMMON, "initializer_range": 0.02}
+_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
+_QWEN3_NEXT = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "partial_rotary_factor": 0.25,
+    "linear_conv_kernel_dim": 4,
+    "decoder_sparse_step": 1,
+    "norm_topk_prob": True,
+    "mlp_only_layers": [],
+}
 
-TARGETS: dict[str, dict[str, Any]] = {
-    "attention": {**_COMMON, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
-    "hybrid": {
-        **_COMMON,
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "full_attention_interval": 2,  # layers 1 and 3 attend; 0 and 2 are gated delta-nets
-        "partial_rotary_factor": 0.25,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 64,
-        "linear_value_head_dim": 64,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 64,
-        "shared_expert_intermediate_size": 64,
-        "decoder_sparse_step": 1,
-        "norm_topk_prob": True,
-        "mlp_only_layers": [],
+TARGETS: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {
+        "attention": {**_TINY, **_QWEN3},
+        "hybrid": {
+            **_TINY,
+            **_QWEN3_NEXT,
+            "full_attention_interval": 2,  # layers 1 and 3 attend; 0 and 2 are gated delta-nets
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+        },
+    },
+    "realistic": {
+        "attention": {
+            **_REALISTIC,
+            **_QWEN3,
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+        },
+        "hybrid": {
+            **_REALISTIC,
+            **_QWEN3_NEXT,
+            "hidden_size": 2048,
+            "num_hidden_layers": 48,
+            "full_attention_interval": 4,  # 12 attention layers, 36 gated delta-nets
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_num_key_heads": 8,
+            "linear_num_value_heads": 16,
+            "num_experts": 16,
+            "num_experts_per_tok": 4,
+            "moe_intermediate_size": 256,
+            "shared_expert_intermediate_size": 512,
+        },
     },
 }
 
+# A realistic drafter's attention heads and MLP (a Qwen3 layer at the target's width).
+_REALISTIC_DRAFT_LAYER = {
+    "attention": {"num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 12288},
+    "hybrid": {"num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 6144},
+}
 
-def draft_config(kind: str) -> dict[str, Any]:
-    """A one-layer DFlash drafter for target `kind` (its hidden size, its layer count)."""
-    target = TARGETS[kind]
+
+class Shaping(NamedTuple):
+    """The drafter's two width-dependent numbers (module docstring: how the models are shaped)."""
+
+    draft_norm: float  # its final norm's scale: how sharp its [MASK] logits are
+    draft_std: float  # the spread of its random layer: how much the context nudges it
+
+
+# The tiny drafter's: a final norm soft enough (top-1 about -0.5 nats, the second -1.2) that the
+# best-first tree spends its budget on siblings, not on a 15-deep chain of the top-1 token.
+TINY_SHAPING = Shaping(draft_norm=0.045, draft_std=0.02)
+
+
+def shaping(size: str, kind: str) -> Shaping:
+    """The tiny drafter's shaping, rescaled to the target's width d and init spread s.
+
+    Its [MASK] logits are head rows (norm s * sqrt(d)) against the final norm of [MASK]
+    (norm draft_norm * sqrt(d)): keeping draft_norm * d * s keeps them. Its random layer adds
+    about draft_std**2 * d per component to a [MASK] embedding of s per component: keeping
+    draft_std**2 * d / s keeps the nudge.
+    """
+    if size == "tiny":
+        return TINY_SHAPING
+    tiny, target = TARGETS["tiny"][kind], TARGETS[size][kind]
+    ratio = (tiny["hidden_size"] * tiny["initializer_range"]) / (
+        target["hidden_size"] * target["initializer_range"]
+    )
+    spread = (target["initializer_range"] / tiny["initializer_range"]) * (
+        tiny["hidden_size"] / target["hidden_size"]
+    )
+    return Shaping(TINY_SHAPING.draft_norm * ratio, TINY_SHAPING.draft_std * math.sqrt(spread))
+
+
+def context_layers(num_layers: int, count: int = DRAFT_CONTEXT_LAYERS) -> list[int]:
+    """`count` target layers from 1 to num_layers - 3, evenly spaced (36 -> 1, 9, 17, 25, 33)."""
+    last = num_layers - 3
+    return [round(1 + i * (last - 1) / (count - 1)) for i in range(count)]
+
+
+def draft_config(kind: str, size: str = "tiny") -> dict[str, Any]:
+    """A one-layer DFlash drafter for target `kind` of `size` (its width, its layer count)."""
+    target = TARGETS[size][kind]
+    if size == "tiny":
+        layer = {k: v for k, v in _TINY.items() if k != "initializer_range"}
+        context = [1, 2]
+    else:
+        layer = {**{k: v for k, v in _REALISTIC.items() if k != "initializer_range"},
+                 **_REALISTIC_DRAFT_LAYER[kind], "hidden_size": target["hidden_size"],
+                 "head_dim": 128}  # fmt: skip
+        context = context_layers(target["num_hidden_layers"])
     return {
-        **{k: v for k, v in _COMMON.items() if k != "initializer_range"},
+        **layer,
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "num_hidden_layers": 1,
         "num_target_layers": target["num_hidden_layers"],
         "block_size": DRAFT_BLOCK_SIZE,
-        "dflash_config": {"target_layer_ids": DRAFT_TARGET_LAYERS, "mask_token_id": MASK_ID},
+        "dflash_config": {"target_layer_ids": context, "mask_token_id": MASK_ID},
     }
+
+
+def parameter_count(config: dict[str, Any]) -> int:
+    """Parameters of a target (Qwen3 or Qwen3-Next) or DFlash drafter config, by the shapes."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads, kv, head_dim = (
+        config[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
+    )
+    q_out = heads * head_dim
+    if "dflash_config" in config:  # the target's embedding and head; its own context projection
+        total = len(config["dflash_config"]["target_layer_ids"]) * hidden * hidden + 2 * hidden
+    else:  # embedding, output head, final norm
+        total = 2 * config["vocab_size"] * hidden + hidden
+    if config["model_type"] == "qwen3":
+        attention = hidden * (q_out + 2 * kv * head_dim) + q_out * hidden + 2 * head_dim
+        mlp = 3 * hidden * config["intermediate_size"]
+        return total + layers * (attention + mlp + 2 * hidden)
+    # Qwen3-Next: gated attention (q_proj doubled), gated delta-nets, a routed and a shared MoE.
+    attention = hidden * (2 * q_out + 2 * kv * head_dim) + q_out * hidden + 2 * head_dim
+    keys = config["linear_num_key_heads"] * config["linear_key_head_dim"]
+    values = config["linear_num_value_heads"] * config["linear_value_head_dim"]
+    value_heads = config["linear_num_value_heads"]
+    linear = (
+        hidden * (2 * keys + 2 * values)  # in_proj_qkvz
+        + hidden * 2 * value_heads  # in_proj_ba
+        + (2 * keys + values) * config["linear_conv_kernel_dim"]  # conv1d
+        + 2 * value_heads  # dt_bias, A_log
+        + config["linear_value_head_dim"]  # the gated output norm
+        + values * hidden  # out_proj
+    )
+    experts = config["num_experts"]
+    moe = (
+        hidden * experts  # router
+        + experts * 3 * hidden * config["moe_intermediate_size"]
+        + 3 * hidden * config["shared_expert_intermediate_size"]
+        + hidden  # shared expert gate
+    )
+    attending = layers // config["full_attention_interval"]
+    return (
+        total + attending * attention + (layers - attending) * linear + layers * (moe + 2 * hidden)
+    )
+
+
+def kv_bytes_per_token(config: dict[str, Any]) -> int:
+    """The target's bf16 KV cache per token (attention layers only on a hybrid)."""
+    layers = config["num_hidden_layers"] // config.get("full_attention_interval", 1)
+    return layers * config["num_key_value_heads"] * config["head_dim"] * 2 * 2
+
+
+def mamba_bytes_per_request(config: dict[str, Any]) -> int:
+    """A hybrid target's recurrent state per request, as SGLang 0.5.11 sizes it: a float32
+    delta-net state and a bf16 convolution window per linear layer. SGLang also reserves one
+    per request and verify token for speculative decoding."""
+    layers = (
+        config["num_hidden_layers"]
+        - config["num_hidden_layers"] // config["full_attention_interval"]
+    )
+    value_heads, key_dim, value_dim = (
+        config[k]
+        for k in ("linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+    )
+    conv = (2 * config["linear_num_key_heads"] * key_dim + value_heads * value_dim) * (
+        config["linear_conv_kernel_dim"] - 1
+    )
+    return layers * (value_heads * key_dim * value_dim * 4 + conv * 2)
 
 
 def tokenizer_json() -> str:
@@ -126,54 +302,63 @@ TOKENIZER_CONFIG = {
 }
 
 
-def write_configs(root: Path, kind: str) -> tuple[Path, Path]:
-    """Write the `root/kind/{target,draft}` configs (no weights, no tokenizer); return both."""
-    target, draft = root / kind / "target", root / kind / "draft"
+def write_configs(root: Path, kind: str, size: str = "tiny") -> tuple[Path, Path]:
+    """Write the `root/size/kind/{target,draft}` configs (no weights, no tokenizer); return both."""
+    target, draft = root / size / kind / "target", root / size / kind / "draft"
     for path in (target, draft):
         path.mkdir(parents=True, exist_ok=True)
-    _write_json(target / "config.json", TARGETS[kind])
-    _write_json(draft / "config.json", draft_config(kind))
+    _write_json(target / "config.json", TARGETS[size][kind])
+    _write_json(draft / "config.json", draft_config(kind, size))
     return target, draft
 
 
-def write_model(root: Path, kind: str) -> tuple[Path, Path]:
+def write_model(root: Path, kind: str, size: str = "tiny") -> tuple[Path, Path]:
     """`write_configs`, the tokenizer, and seeded weights for target and drafter (bf16)."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    target, draft = write_configs(root, kind)
+    target, draft = write_configs(root, kind, size)
     (target / "tokenizer.json").write_text(tokenizer_json())
     _write_json(target / "tokenizer_config.json", TOKENIZER_CONFIG)
     torch.manual_seed(SEED)
     config = AutoConfig.from_pretrained(target)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if size == "tiny":
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    else:
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     _favour(model.lm_head.weight.data, model.get_input_embeddings().weight.data)
     model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
-    save_file(_draft_weights(draft_config(kind)), str(draft / "model.safetensors"))
+    del model  # the realistic target's 14 GB leave the GPU before the drafter is drawn
+    weights = _draft_weights(draft_config(kind, size), shaping(size, kind))
+    save_file(weights, str(draft / "model.safetensors"))
     # save_pretrained rewrites config.json in transformers' own spelling; SGLang's Qwen3-Next
     # config reads `full_attention_interval`, which transformers folds into `layer_types`.
     _write_json(target / "config.json", {**json.loads((target / "config.json").read_text()),
-                                         **TARGETS[kind]})  # fmt: skip
+                                         **TARGETS[size][kind]})  # fmt: skip
     return target, draft
 
 
 def _favour(head: Any, embedding: Any) -> None:
-    """Scale the favoured output rows; point the [MASK] embedding at them, best first."""
+    """Scale the favoured output rows; point the [MASK] embedding at them, best first (in
+    float32 whatever the weights' dtype)."""
     import torch
 
     ids = [VOCAB[c] for c in FAVOURED]
     head[ids] *= FAVOURED_SCALE
-    rows = head[ids] / head[ids].norm(dim=1, keepdim=True)
-    weights = torch.arange(len(ids), 0, -1, dtype=head.dtype).unsqueeze(1)  # 4, 3, 2, 1
-    mask = (weights * rows).sum(0)
-    embedding[MASK_ID] = mask * embedding.norm(dim=1).mean() / mask.norm()
+    rows = head[ids].float()
+    rows = rows / rows.norm(dim=1, keepdim=True)
+    weights = torch.arange(len(ids), 0, -1, dtype=torch.float32, device=rows.device)
+    mask = (weights.unsqueeze(1) * rows).sum(0)  # 4, 3, 2, 1
+    norms = embedding.float().norm(dim=1)
+    embedding[MASK_ID] = (mask * norms.mean() / mask.norm()).to(embedding.dtype)
 
 
-def _draft_weights(config: dict[str, Any]) -> dict[str, Any]:
+def _draft_weights(config: dict[str, Any], shaped: Shaping) -> dict[str, Any]:
     """A one-layer DFlash drafter in SGLang's checkpoint names: small random projections (so the
     target's hidden states nudge it), unit norms inside (so [MASK] keeps its direction), a soft
-    final norm (DRAFT_NORM)."""
+    final norm (`shaped.draft_norm`)."""
     import torch
 
     hidden, inter = config["hidden_size"], config["intermediate_size"]
@@ -192,11 +377,12 @@ def _draft_weights(config: dict[str, Any]) -> dict[str, Any]:
     }
     generator = torch.Generator().manual_seed(SEED + 1)
     tensors = {
-        name: torch.randn(shape, generator=generator) * 0.02 for name, shape in shapes.items()
+        name: torch.randn(shape, generator=generator) * shaped.draft_std
+        for name, shape in shapes.items()
     }
     for name in ("layers.0.input_layernorm", "layers.0.post_attention_layernorm", "hidden_norm"):
         tensors[f"{name}.weight"] = torch.ones(hidden)
-    tensors["norm.weight"] = torch.full((hidden,), DRAFT_NORM)
+    tensors["norm.weight"] = torch.full((hidden,), shaped.draft_norm)
     for name in ("q_norm", "k_norm"):
         tensors[f"layers.0.self_attn.{name}.weight"] = torch.ones(config["head_dim"])
     return {name: t.to(torch.bfloat16).contiguous() for name, t in tensors.items()}
@@ -207,7 +393,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1])
-    for name in KINDS:
-        made = write_model(out, name)
-        print(f"> {name}: {made[0]} (draft {made[1]})", flush=True)
+    out, size = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "tiny")
+    for name in sys.argv[3:] or KINDS:
+        made = write_model(out, name, size)
+        print(f"> {size} {name}: {made[0]} (draft {made[1]})", flush=True)

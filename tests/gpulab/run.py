@@ -1,19 +1,25 @@
 """The GPU lab's matrix, run on the GPU machine: the product drives real SGLang servers.
 
     python3 tests/gpulab/run.py --bundle .lab --out OUT [--root /tmp/ddtree-lab] [--quick]
-        [--budgets 15,31,63] | --overhead ROUNDS | --tune
+        [--size tiny|realistic] [--budgets 15,31,63] [--batched ddtree-15] [--planted-bug]
+        | --overhead ROUNDS | --tune
 
 It installs the carried bundle (tests/gpulab/bundle.py made it, for one release) and this
-checkout into one venv that sees the machine's torch, writes the tiny models (models.py), then
-runs `ddtree-deploy` itself on `host=h200_lab`: plan (preflight), patch, audit, build-kernels
-(CUDA for the GPU, with its smoke test). For each target (pure attention, hybrid) and algorithm
-(DFLASH, DDTREE shadow_linear, DDTREE tree, a tree cell per `--budgets` entry) it starts the
-server with exactly the argv and environment `action=render output=json` gives (the machine has
-no systemd, so the lab is the service manager), and judges it with `action=validate`, the
-product's own gates: at batch 1, then with several requests in flight. A cell whose tokens
-differ from DFLASH's is settled by the same pair in SGLang's deterministic mode
-(`service.deterministic_inference=true`; sgl-kernel has no float32 RMSNorm, so an fp32 run
-cannot start): equal there means a bf16 near-tie between batch shapes, different means a bug.
+checkout into one venv that sees the machine's torch, writes the models of `--size` (models.py:
+tiny, or realistic at Qwen3-8B's dimensions, made on the GPU), then runs `ddtree-deploy` itself
+on `host=h200_lab`: plan (preflight), patch, audit, build-kernels (CUDA for the GPU, with its
+smoke test). For each target (pure attention, hybrid) and algorithm (DFLASH, DDTREE
+shadow_linear, DDTREE tree, a tree cell per `--budgets` entry) it starts the server with exactly
+the argv and environment `action=render output=json` gives (the machine has no systemd, so the
+lab is the service manager), and judges it with `action=validate`, the product's own gates: at
+batch 1, then with 8 requests in flight (every cell, or those `--batched` names, DFLASH's
+baseline with them). The tree gate judges a divergence from DFLASH by the target's own scores
+there, so no cell is re-run; `--deterministic` serves every cell in SGLang's deterministic mode.
+
+`--planted-bug`: one more tree cell (budget 15) whose server has
+`tests/standin/plant` first on its PYTHONPATH and `DDTREE_LAB_PLANTED_BUG=wrong_child`, so its
+verify walk also takes a child the target did not pick (tests/standin/planted_bug.py). Its
+validate must fail; the table says whether it did, and whether the plant was in place.
 
 `--overhead N`: DFLASH and shadow_linear served side by side on the attention target, their
 passes interleaved over N rounds at 1, 8 and 32 requests in flight (shadow_linear's cost).
@@ -36,7 +42,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +51,38 @@ from tables import render_table, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 ALGOS = ("dflash", "ddtree_shadow", "ddtree")
-BATCHED = ("validation.concurrency=8", "validation.repeats=4")  # 16 requests, 8 in flight
-# Every prompt of the default set answers 160 new tokens (the matrix asks for at least 128).
-LONG_ANSWERS = tuple(f"validation.prompts.{i}.max_new_tokens=160" for i in range(4))
+BATCHED = ("validation.concurrency=8", "validation.repeats=4")  # 4 passes, 8 in flight
+LONG_ANSWER = 160  # new tokens every prompt answers (the matrix asks for at least 128)
 OVERHEAD_CONCURRENCY = (1, 8, 32)
 # About 14 s of generation per pass at batch 1 (run 2's one-second windows spread 20-30%).
 OVERHEAD_REPEATS_C1 = 8
 START_TIMEOUT_S = 420
-# Servers that share the GPU (overhead pairs, tune waves): each caps its KV pool, so one's start
-# does not see the others' pools as used memory and refuse (SGLang sizes the pool from free memory).
-SHARED_GPU = ("service.mem_fraction_static=0.8", "service.max_total_tokens=131072")
 TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
+PLANT = REPO / "tests" / "standin" / "plant"  # its sitecustomize plants the bug
+PLANTED_BUG = "wrong_child"  # what DDTREE_LAB_PLANTED_BUG names
+PLANTED_BUDGET = "algo.budget=15"
+# What plant/sitecustomize.py prints (its MARKER) in each process where the bug is in place.
+PLANT_MARKER = "ddtree lab: planted bug"
+
+
+@dataclass(frozen=True)
+class Size:
+    """What a model size (models.py) changes in the lab's runs."""
+
+    service: str  # the service= option of its servers
+    shared_gpu: tuple[str, ...]  # overrides for servers that share the GPU
+    batch1: tuple[str, ...]  # the batch-1 pass's overrides
+
+
+SIZES = {
+    # Servers that share the GPU (overhead pairs, tune waves, --together) cap their KV pools, so
+    # one's start does not see the others' pools as used memory and refuse (SGLang sizes the
+    # pool from free memory).
+    "tiny": Size("lab", ("service.mem_fraction_static=0.8", "service.max_total_tokens=131072"), ()),
+    # service=lab_realistic caps every server already (five share the GPU); one pass at batch 1
+    # (each prompt once: about 10 s at 8B) keeps a call within the device's 10 minutes.
+    "realistic": Size("lab_realistic", (), ("validation.repeats=1",)),
+}
 
 
 @dataclass
@@ -75,6 +102,24 @@ class StepRun:
         return json.loads(newest.read_text()) if newest else None
 
 
+@dataclass(frozen=True)
+class CellSpec:
+    """One server of the matrix: an algorithm, its tree width, whether the bug is planted in it
+    and whether it also runs the batched pass."""
+
+    algo: str
+    width: tuple[str, ...] = ()  # algo.budget=...
+    planted: str | None = None
+    batched: bool = True
+
+    @property
+    def key(self) -> str:
+        """How --batched names it: dflash, ddtree_shadow, ddtree-15, planted."""
+        if self.planted:
+            return "planted"
+        return "-".join([self.algo, *[w.split("=")[-1] for w in self.width]])
+
+
 @dataclass
 class Cell:
     """One target x algorithm: server start, and each validate run's verdicts and figures."""
@@ -85,17 +130,21 @@ class Cell:
     start_s: float | None = None
     start_error: str | None = None
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> summary
+    planted: str | None = None  # the bug planted in its server
+    plant_seen: bool | None = None  # whether the server log says the plant was in place
 
 
 class Lab:
     """The lab's folders and the one venv that holds SGLang, its kernels and ddtree-deploy."""
 
-    def __init__(self, root: Path, out: Path, release: str) -> None:
+    def __init__(self, root: Path, out: Path, release: str, size: str) -> None:
         self.root, self.out, self.release = root, out, release
+        self.size_name, self.size = size, SIZES[size]
         self.venv = root / "venv"
         self.runs = root / "runs"
         self.logs = root / "logs"
         self.env = {**os.environ, "DDTREE_LAB_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
+        self.long_answers: list[str] = []  # answer_every_prompt() fills it, once installed
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -127,19 +176,43 @@ class Lab:
             with tarfile.open(tarball) as archive:
                 archive.extractall(site, filter="data")
         _run([*pip, "--no-deps", "--no-build-isolation", str(REPO)])
-        _run([str(self.venv / "bin" / "python"), str(Path(__file__).with_name("models.py")),
-              str(self.root / "models")])  # fmt: skip
         done.write_text("ok\n")
         return False
+
+    def write_models(self, kinds: Sequence[str]) -> None:
+        """The models of this size for `kinds`, unless an earlier call on this root wrote them
+        (realistic ones on the GPU: a minute for the 8B target)."""
+        models = self.root / "models"
+        for kind in kinds:
+            done = models / self.size_name / f"{kind}.written"
+            if not done.exists():
+                began = time.monotonic()
+                _run([str(self.venv / "bin" / "python"), str(Path(__file__).with_name("models.py")),
+                      str(models), self.size_name, kind])  # fmt: skip
+                print(
+                    f"> {self.size_name} {kind} models: {time.monotonic() - began:.0f} s",
+                    flush=True,
+                )
+                done.write_text("ok\n")
+
+    @property
+    def prompts(self) -> int:
+        """How many prompts the validation set holds."""
+        return len(self.long_answers)
+
+    def answer_every_prompt(self) -> None:
+        """LONG_ANSWER new tokens for every prompt of the validation set the lab composes."""
+        self.long_answers = long_answers(str(self.venv / "bin" / "python"), self._argv([])[1:])
 
     # -- the product ---------------------------------------------------------------------------
 
     def _argv(self, overrides: Sequence[str]) -> list[str]:
         """`ddtree-deploy` on the lab host with the lab's options, then `overrides`."""
-        lab = ["host=h200_lab", "service=lab", "validation=lab", f"rollout.runs_dir={self.runs}",
+        lab = ["host=h200_lab", f"service={self.size.service}", "validation=lab",
+               f"rollout.runs_dir={self.runs}",
                f"sglang=v{self.release.split('.post')[0].replace('.', '_')}",
                f"sglang.version={self.release}"]  # fmt: skip
-        return [str(self.venv / "bin" / "ddtree-deploy"), *lab, *LONG_ANSWERS, *overrides]
+        return [str(self.venv / "bin" / "ddtree-deploy"), *lab, *self.long_answers, *overrides]
 
     def tool(self, name: str, *overrides: str) -> StepRun:
         """Run `ddtree-deploy` on the lab host; never raises on a non-zero exit."""
@@ -177,15 +250,19 @@ class Lab:
                 time.sleep(10)
             pgid_file.unlink()
 
-    def start(self, label: str, overrides: list[str]) -> Server:
-        """Start the rendered server (exactly the product's argv and environment)."""
+    def start(
+        self, label: str, overrides: list[str], environment: dict[str, str] | None = None
+    ) -> Server:
+        """Start the rendered server (exactly the product's argv and environment, plus
+        `environment`)."""
         spec = self.rendered(overrides)
         path = self.logs / f"server-{label}.log"
         with path.open("wb") as log:
             log.write((" ".join(spec["argv"]) + "\n").encode())
             log.flush()
             process = subprocess.Popen(
-                spec["argv"], env={**self.env, **spec["environment"]}, stdout=log,
+                spec["argv"], env={**self.env, **spec["environment"], **(environment or {})},
+                stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.pgids.mkdir(exist_ok=True)
@@ -235,54 +312,103 @@ class Server:
     started: float
 
 
-def cell_overrides(target: str, algo: str, extra: list[str]) -> list[str]:
-    overrides = [f"model=lab_{target}", f"algo={algo}", *extra]
+def model_option(target: str, size: str) -> str:
+    """The conf/model option of the lab's `target` at `size` (lab_attention, lab_hybrid_realistic)."""
+    return f"model=lab_{target}" + ("" if size == "tiny" else f"_{size}")
+
+
+def cell_overrides(target: str, size: str, algo: str, extra: Sequence[str]) -> list[str]:
+    overrides = [model_option(target, size), f"algo={algo}", *extra]
     if target == "hybrid" and algo == "ddtree":
         overrides.append("algo.allow_hybrid_unsafe=true")  # what the lab is here to prove
     return overrides
 
 
+def plan_cells(
+    algos: Sequence[str], budgets: Sequence[str], *, planted: bool, batched: set[str] | None
+) -> list[CellSpec]:
+    """A target's cells in serving order (DFLASH first: its passes store the baselines): each
+    algorithm, a tree cell per budget, and the planted tree last. `batched` names the cells that
+    also run the batched pass (None: every cell); DFLASH joins them, for their baseline."""
+    widths = [(f"algo.budget={b}",) for b in budgets] or [()]
+    cells = [CellSpec(algo, width) for algo in algos
+             for width in (widths if algo == "ddtree" else [()])]  # fmt: skip
+    if planted:
+        cells.append(CellSpec("ddtree", (PLANTED_BUDGET,), planted=PLANTED_BUG))
+    if batched is None:
+        return cells
+    unknown = batched - {c.key for c in cells}
+    if unknown:
+        raise SystemExit(f"--batched names no cell of this run: {', '.join(sorted(unknown))} "
+                         f"(cells: {', '.join(c.key for c in cells)})")  # fmt: skip
+    chosen = batched | {"dflash"} if batched else batched
+    return [replace(c, batched=c.key in chosen) for c in cells]
+
+
+def planted_environment(env: dict[str, str], bug: str) -> dict[str, str]:
+    """The plant folder first on the server's PYTHONPATH (its sitecustomize plants `bug`)."""
+    path = [str(PLANT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    return {"PYTHONPATH": os.pathsep.join(path), "DDTREE_LAB_PLANTED_BUG": bug}
+
+
+def long_answers(python: str, overrides: Sequence[str]) -> list[str]:
+    """LONG_ANSWER new tokens for each prompt of the validation set `overrides` compose (the
+    product's own composition, in the venv of `python`), however many prompts it holds."""
+    code = ("import sys; from ddtree_deploy.config import compose_config; "
+            "print(len(compose_config(sys.argv[1:]).validation.prompts))")  # fmt: skip
+    count = int(_run([python, "-c", code, *overrides]))
+    return [f"validation.prompts.{i}.max_new_tokens={LONG_ANSWER}" for i in range(count)]
+
+
+def judge(
+    lab: Lab, cell: Cell, name: str, overrides: list[str], labels: dict[str, list[str]], log: Path
+) -> None:
+    """The cell's validate passes against its server, once healthy; for a planted cell, whether
+    its server log shows the plant in place (a plant that failed would pass as a missed bug)."""
+    if cell.start_error is not None:
+        print(f"> {name}: server did not start: {cell.start_error[-300:]}", flush=True)
+        return
+    for label, more in labels.items():
+        step = lab.tool(f"validate-{name}-{label}", *overrides, *more, "action=validate")
+        cell.runs[label] = summarize(step.report(lab.runs), step.exit_code)
+    if cell.planted:
+        cell.plant_seen = PLANT_MARKER in log.read_text(errors="replace")
+
+
 def run_cells(
-    lab: Lab,
-    target: str,
-    specs: list[tuple[str, list[str]]],
-    labels: dict[str, list[str]],
-    *,
-    together: bool = False,
+    lab: Lab, target: str, specs: list[CellSpec], base: list[str], *, together: bool = False
 ) -> Iterator[Cell]:
-    """Serve each (algo, extra overrides) and run each validate pass in `labels` (label ->
-    overrides) against it, in order (DFLASH first: its pass stores the baseline). One server at
-    a time, or with `together` all at once on their own ports (SHARED_GPU), which saves the
-    starts; the passes still run one after another."""
-    cells = [Cell(target, algo, [e for e in extra if not e.startswith("service.deterministic")])
-             for algo, extra in specs]  # fmt: skip
-    overrides = [cell_overrides(target, algo, extra) for algo, extra in specs]
+    """Serve each cell and run its validate passes (batch 1, then batched if it asks), in order
+    (DFLASH first: its passes store the baselines). One server at a time, or with `together`
+    all at once on their own ports (the size's shared-GPU overrides), which saves the starts;
+    the passes still run one after another."""
+    size = lab.size_name
+    cells = [Cell(target, spec.algo, list(spec.width), planted=spec.planted) for spec in specs]
+    overrides = [cell_overrides(target, size, spec.algo, [*base, *spec.width]) for spec in specs]
     if together:
         overrides = [
-            [*o, *SHARED_GPU, f"service.port={30000 + i}"] for i, o in enumerate(overrides)
+            [*o, *lab.size.shared_gpu, f"service.port={30000 + i}"] for i, o in enumerate(overrides)
         ]
-    names = ["-".join([target, algo, *[e.split("=")[-1] for e in extra]]) for algo, extra in specs]
+    names = ["-".join([target, spec.key]) for spec in specs]
+    environments = [planted_environment(lab.env, s.planted) if s.planted else None for s in specs]
+    labels = [{"batch1": list(lab.size.batch1), **({"batched": list(BATCHED)} if s.batched else {})}
+              for s in specs]  # fmt: skip
     started: dict[int, Server] = {}
+
+    def launch(i: int) -> None:
+        started[i] = lab.start(names[i], overrides[i], environments[i])
+
     try:
         if together:
-            started = {
-                i: lab.start(name, o)
-                for i, (name, o) in enumerate(zip(names, overrides, strict=True))
-            }
+            for i in range(len(specs)):
+                launch(i)
             for i, cell in enumerate(cells):  # all healthy first: true start times
                 cell.start_s, cell.start_error = lab.wait(started[i])
         for i, cell in enumerate(cells):
             if not together:
-                started[i] = lab.start(names[i], overrides[i])
+                launch(i)
                 cell.start_s, cell.start_error = lab.wait(started[i])
-            if cell.start_error is not None:
-                print(f"> {names[i]}: server did not start: {cell.start_error[-300:]}", flush=True)
-            else:
-                for label, more in labels.items():
-                    step = lab.tool(
-                        f"validate-{names[i]}-{label}", *overrides[i], *more, "action=validate"
-                    )
-                    cell.runs[label] = summarize(step.report(lab.runs), step.exit_code)
+            judge(lab, cell, names[i], overrides[i], labels[i], started[i].log)
             if not together:
                 lab.stop(started.pop(i))
             yield cell
@@ -291,11 +417,11 @@ def run_cells(
             lab.stop(server)
 
 
-def concurrency_overrides(level: int, *, c1_repeats: int = 4) -> list[str]:
-    """`level` requests in flight; at least `level` requests (the default set has 4 prompts)."""
+def concurrency_overrides(level: int, prompts: int, *, c1_repeats: int = 4) -> list[str]:
+    """`level` requests in flight; at least `level` requests, as passes over `prompts` prompts."""
     if level == 1:
         return [f"validation.repeats={c1_repeats}"]
-    return [f"validation.concurrency={level}", f"validation.repeats={max(1, level // 4)}"]
+    return [f"validation.concurrency={level}", f"validation.repeats={-(-level // prompts)}"]
 
 
 def run_overhead(
@@ -304,7 +430,7 @@ def run_overhead(
     """shadow_linear's cost over DFLASH: both served at once on the attention target, their
     validate passes interleaved (order alternating per round) at each concurrency, so drift of
     the machine between passes falls on both alike."""
-    shared = ["model=lab_attention", *SHARED_GPU, *base]
+    shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
     pair = {algo: [*shared, f"algo={algo}", f"service.port={30000 + i}"]
             for i, algo in enumerate(("dflash", "ddtree_shadow"))}  # fmt: skip
     servers = {algo: lab.start(f"overhead-{algo}", o) for algo, o in pair.items()}
@@ -320,7 +446,7 @@ def run_overhead(
                 # DFLASH first in round 0: its pass stores the baseline shadow_linear is held to.
                 order = ["dflash", "ddtree_shadow"][:: 1 if rnd % 2 == 0 else -1]
                 for algo in order:
-                    more = concurrency_overrides(level, c1_repeats=OVERHEAD_REPEATS_C1)
+                    more = concurrency_overrides(level, lab.prompts, c1_repeats=OVERHEAD_REPEATS_C1)
                     name = f"overhead-r{rnd}-c{level}-{algo}"
                     step = lab.tool(name, *pair[algo], *more, "action=validate")
                     run = summarize(step.report(lab.runs), step.exit_code)
@@ -337,7 +463,7 @@ def run_tune(
     """`action=tune`'s sweep with the lab as service manager (tune_lab.py says why): baselines
     from linear DFlash at each concurrency, then each candidate served (TUNE_WAVE at a time)
     and validated at each concurrency; tune_lab.py judges and tables it as the product does."""
-    shared = ["model=lab_attention", *SHARED_GPU, *base]
+    shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
     tune_lab = [str(lab.venv / "bin" / "python"), str(Path(__file__).with_name("tune_lab.py"))]
     grid = json.loads(_run([*tune_lab, "grid", *lab._argv([*shared, "action=tune"])[1:]]))
     levels: list[int] = grid["concurrency"]
@@ -348,7 +474,7 @@ def run_tune(
             raise SystemExit(f"the linear-DFlash baseline server did not start: {error[-600:]}")
         for level in levels:
             step = lab.tool(f"tune-baseline-c{level}", *shared, "algo=dflash",
-                            *concurrency_overrides(level), "action=validate")  # fmt: skip
+                            *concurrency_overrides(level, lab.prompts), "action=validate")  # fmt: skip
             if step.exit_code != 0:
                 raise SystemExit(f"the baseline at concurrency {level} failed: {step.tail[-600:]}")
     finally:
@@ -370,8 +496,9 @@ def run_tune(
             for entry, (budget, topk, overrides, _) in zip(entries, served, strict=True):
                 if entry["start_error"] is None:
                     for level in levels:
-                        step = lab.tool(f"tune-b{budget}k{topk}-c{level}", *overrides,
-                                        *concurrency_overrides(level), "action=validate")  # fmt: skip
+                        more = concurrency_overrides(level, lab.prompts)
+                        step = lab.tool(f"tune-b{budget}k{topk}-c{level}", *overrides, *more,
+                                        "action=validate")  # fmt: skip
                         entry["reports"][str(level)] = step.report(lab.runs)
                 sweep.append(entry)
                 save()
@@ -400,12 +527,18 @@ def main() -> int:
     parser.add_argument("--bundle", type=Path, default=REPO / ".lab")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--root", type=Path, default=Path("/tmp/ddtree-lab"))
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="models.py's sizes")
     parser.add_argument("--targets", default="attention,hybrid")
     parser.add_argument("--algos", default=",".join(ALGOS), help="dflash must come first")
     parser.add_argument(
         "--steps", help="default: plan on a reused root, else plan,patch,audit,build-kernels"
     )
     parser.add_argument("--quick", action="store_true", help="batch 1 only, no overhead table")
+    parser.add_argument(
+        "--batched",
+        help="only these cells run the batched pass (and DFLASH, their baseline), e.g. ddtree-15; "
+        "cells: dflash, ddtree_shadow, ddtree[-BUDGET], planted",
+    )
     parser.add_argument("--reuse", action="store_true", help="keep an installed --root")
     parser.add_argument(
         "--deterministic",
@@ -413,6 +546,9 @@ def main() -> int:
         help="every cell with service.deterministic_inference=true",
     )
     parser.add_argument("--budgets", default="", help="tree cells at these budgets, e.g. 15,31,63")
+    parser.add_argument(
+        "--planted-bug", action="store_true", help="one more tree cell (budget 15), bug planted"
+    )
     parser.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
                         help="only the interleaved shadow_linear-vs-DFLASH overhead table")  # fmt: skip
     parser.add_argument("--tune", action="store_true", help="only the tune sweep (attention)")
@@ -425,14 +561,17 @@ def main() -> int:
     base = ["service.deterministic_inference=true"] if args.deterministic else []
     args.out.mkdir(parents=True, exist_ok=True)
     release = json.loads((args.bundle / "MANIFEST.json").read_text())["release"]
-    lab = Lab(args.root, args.out, release)
+    lab = Lab(args.root, args.out, release, args.size)
     began = time.monotonic()
     print(f"> installing the bundle (SGLang {release}) and the checkout", flush=True)
     reused = lab.install(args.bundle, reuse=args.reuse)
     lab.stop_stale()
+    lab.answer_every_prompt()
     actions = args.steps or ("plan" if reused else "plan,patch,audit,build-kernels")
     steps = [lab.tool(action, f"action={action}") for action in actions.split(",")]
-    results: dict[str, Any] = {"release": release, "steps": [asdict(s) for s in steps],
+    lab.write_models(["attention"] if args.overhead or args.tune else args.targets.split(","))
+    results: dict[str, Any] = {"release": release, "size": args.size,
+                               "steps": [asdict(s) for s in steps],
                                "cells": [], "overhead": [], "tune": None}  # fmt: skip
     cells: list[Cell] = []
 
@@ -461,27 +600,17 @@ def main() -> int:
 def run_matrix(
     lab: Lab, args: argparse.Namespace, base: list[str], cells: list[Cell], save: Callable[[], None]
 ) -> None:
-    """Every target x algorithm (a tree cell per budget of --budgets), batch 1 and batched; a
-    cell whose tokens differ from DFLASH's is settled by the same pair in deterministic mode."""
-    labels = {"batch1": []} if args.quick else {"batch1": [], "batched": list(BATCHED)}
-    budgets = [[f"algo.budget={b}"] for b in args.budgets.split(",") if b] or [[]]
+    """Every target x algorithm (a tree cell per budget of --budgets, the planted tree with
+    --planted-bug), at batch 1 and, for the cells --batched names (all without it), batched."""
+    batched = None if args.batched is None else {c for c in args.batched.split(",") if c}
+    if args.quick:
+        batched = set()
+    budgets = [b for b in args.budgets.split(",") if b]
+    specs = plan_cells(args.algos.split(","), budgets, planted=args.planted_bug, batched=batched)
     together = set(args.together.split(",")) if args.together else set()
     for target in args.targets.split(","):
-        first = len(cells)
-        specs = [(algo, [*base, *width]) for algo in args.algos.split(",")
-                 for width in (budgets if algo == "ddtree" else [[]])]  # fmt: skip
-        for cell in run_cells(lab, target, specs, dict(labels), together=target in together):
+        for cell in run_cells(lab, target, specs, base, together=target in together):
             cells.append(cell)
-            save()
-        diverged = [
-            c
-            for c in cells[first:]
-            if c.algo != "dflash" and any(r.get("divergence") for r in c.runs.values())
-        ]
-        if diverged and not args.deterministic:
-            strict = ["service.deterministic_inference=true"]
-            settle = [("dflash", strict), *[(c.algo, [*strict, *c.extra]) for c in diverged]]
-            cells.extend(run_cells(lab, target, settle, {"batch1": []}))
             save()
 
 

@@ -37,7 +37,8 @@ def summarize(report: dict[str, Any] | None, exit_code: int) -> dict[str, Any]:
 
 
 def render_table(results: dict[str, Any]) -> str:
-    lines = [f"# GPU lab, SGLang {results['release']} ({results.get('wall_s')} s)", ""]
+    size = f", {results['size']} models" if results.get("size") else ""
+    lines = [f"# GPU lab, SGLang {results['release']}{size} ({results.get('wall_s')} s)", ""]
     lines += ["| step | exit | s |", "|---|---|---|"]
     lines += [f"| {s['name']} | {s['exit_code']} | {s['wall_s']} |" for s in results["steps"]]
     if results["cells"]:
@@ -50,24 +51,40 @@ def render_table(results: dict[str, Any]) -> str:
 
 
 def matrix_table(cells: list[dict[str, Any]]) -> list[str]:
-    lines = ["| target | algo | run | start s | gates | exit | first divergence | accept | tok/s | step ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| target | algo | run | start s | gates | exit | first divergence | accept | tok/s | step ms | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for cell in cells:
-        algo = " ".join([cell["algo"], *[e.split("=")[-1] for e in cell.get("extra", [])]])
+        planted = cell.get("planted")
+        algo = " ".join([cell["algo"], *[e.split("=")[-1] for e in cell.get("extra", [])],
+                         *([f"(planted {planted})"] if planted else [])])  # fmt: skip
         if cell["start_error"]:
             lines.append(
-                f"| {cell['target']} | {algo} | - | failed | {cell['start_error'][-120:]!r} | | | | | |"
+                f"| {cell['target']} | {algo} | - | failed | {cell['start_error'][-120:]!r} | | | | | | |"
             )
             continue
         for label, run in cell["runs"].items():
             gates = " ".join(f"{g}:{o[0]}" for g, o in run["gates"].items())
             div = run.get("divergence")
             where = f"{div['prompt']}@{div['position']}" if div else "none"
+            note = planted_verdict(run, cell.get("plant_seen")) if planted else ""
             lines.append(
                 f"| {cell['target']} | {algo} | {label} | {cell['start_s']} | {gates} | {run['exit']} "
-                f"| {where} | {run.get('accept_length')} | {run.get('tokens_per_s')} | {run.get('step_ms')} |"
+                f"| {where} | {run.get('accept_length')} | {run.get('tokens_per_s')} | {run.get('step_ms')} "
+                f"| {note} |"
             )  # fmt: skip
     return lines
+
+
+def planted_verdict(run: dict[str, Any], plant_seen: bool | None) -> str:
+    """What a validate run of a server with a planted verify bug says about the gate: it must
+    fail there, on the tree gate (exit 10 alone could be a crash, which proves nothing)."""
+    if not plant_seen:
+        return "planted bug NOT IN PLACE (no plant line in the server log): no verdict"
+    if run["exit"] == 10 and run["gates"].get("tree") == "failed":
+        return "planted bug: failed, as it must"
+    if run["exit"] == 0:
+        return "planted bug PASSED: the gate missed it"
+    return f"planted bug: no verdict (exit {run['exit']}, tree gate {run['gates'].get('tree', 'not run')})"
 
 
 def overhead_table(passes: list[dict[str, Any]]) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpulab.tables import overhead_table, render_table, summarize
+from gpulab.tables import matrix_table, overhead_table, render_table, summarize
 
 RECORDED = Path(__file__).with_name("recorded")
 
@@ -67,3 +67,25 @@ def test_overhead_table_pairs_warm_rounds() -> None:
     # warm paired ratios 1.125, 0.9, 0.95 -> median 0.950 (with round 0's 1.9 it would be 1.0375)
     assert row.endswith("| passed | 0.950 |")
     assert row.startswith("| 1 | 50.0 (3.0), 80.0 (3.0), 110.0 (3.0), 100.0 (3.0) | 95.0 (3.0),")
+
+
+def test_a_planted_bug_must_fail_on_the_tree_gate() -> None:
+    failed = summarize(_report("attention-tree-diverged-report.json"), 10)
+    passed = summarize(_report("attention-tree-report.json"), 0)
+    crashed = {"exit": 10, "gates": {"health": "failed"}, "sentence": "down"}
+
+    def row(run: dict[str, object], seen: bool | None) -> str:
+        cell = {"target": "attention", "algo": "ddtree", "extra": ["algo.budget=15"],
+                "planted": "wrong_child", "plant_seen": seen, "start_s": 40.0,
+                "start_error": None, "runs": {"batch1": run}}  # fmt: skip
+        (line,) = matrix_table([cell])[2:]
+        assert line.startswith("| attention | ddtree 15 (planted wrong_child) | batch1 |")
+        return line
+
+    assert row(failed, True).endswith("| planted bug: failed, as it must |")
+    assert row(passed, True).endswith("| planted bug PASSED: the gate missed it |")
+    assert "planted bug: no verdict (exit 10, tree gate not run)" in row(crashed, True)
+    assert "planted bug NOT IN PLACE" in row(failed, False)  # a pass there would prove nothing
+    plain = {"target": "attention", "algo": "ddtree", "start_s": 40.0, "start_error": None,
+             "runs": {"batch1": failed}}  # fmt: skip
+    assert matrix_table([plain])[2].endswith("| code-python@113 | 1.0639 | 268.1 | 3.974 |  |")
