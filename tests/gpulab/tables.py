@@ -17,6 +17,7 @@ def summarize(report: dict[str, Any] | None, exit_code: int) -> dict[str, Any]:
     phase = report["phases"][-1] if report["phases"] else {}
     gates = {g["gate"]: g["outcome"] for g in phase.get("gates", [])}
     divergence = next((g["divergence"] for g in phase.get("gates", []) if "divergence" in g), None)
+    tree = next((g["figures"] for g in phase.get("gates", []) if g["gate"] == "tree"), {})
     measured = phase.get("measurement") or {}
     per = measured.get("per_prompt") or []
     steps = [
@@ -33,6 +34,10 @@ def summarize(report: dict[str, Any] | None, exit_code: int) -> dict[str, Any]:
         "tokens_per_s": measured.get("tokens_per_s"),
         "tokens": measured.get("tokens"),
         "step_ms": round(1000 * sum(steps) / len(steps), 3) if steps else None,
+        # The tree gate's tie rule: worst gap of the tree's tokens, and of DFLASH's, in nats.
+        "max_gap": tree.get("max_gap"),
+        "baseline_max_gap": tree.get("baseline_max_gap"),
+        "divergences": tree.get("divergences"),
     }  # fmt: skip
 
 
@@ -51,25 +56,31 @@ def render_table(results: dict[str, Any]) -> str:
 
 
 def matrix_table(cells: list[dict[str, Any]]) -> list[str]:
-    lines = ["| target | algo | run | start s | gates | exit | first divergence | accept | tok/s | step ms | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| target | algo | run | start s | gates | exit | first divergence (gap) | prompts diverged "
+             "| worst gap: tree (DFLASH) | accept | tok/s | step ms | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for cell in cells:
         planted = cell.get("planted")
         algo = " ".join([cell["algo"], *[e.split("=")[-1] for e in cell.get("extra", [])],
                          *([f"(planted {planted})"] if planted else [])])  # fmt: skip
         if cell["start_error"]:
             lines.append(
-                f"| {cell['target']} | {algo} | - | failed | {cell['start_error'][-120:]!r} | | | | | | |"
+                f"| {cell['target']} | {algo} | - | failed | {cell['start_error'][-120:]!r} | | | | | | | | |"
             )
             continue
         for label, run in cell["runs"].items():
             gates = " ".join(f"{g}:{o[0]}" for g, o in run["gates"].items())
             div = run.get("divergence")
             where = f"{div['prompt']}@{div['position']}" if div else "none"
+            if div and div.get("gap") is not None:
+                where += f" ({div['gap']:.4f})"
+            gaps = (f"{run['max_gap']} ({run.get('baseline_max_gap')})"
+                    if run.get("max_gap") is not None else "")  # fmt: skip
             note = planted_verdict(run, cell.get("plant_seen")) if planted else ""
             lines.append(
                 f"| {cell['target']} | {algo} | {label} | {cell['start_s']} | {gates} | {run['exit']} "
-                f"| {where} | {run.get('accept_length')} | {run.get('tokens_per_s')} | {run.get('step_ms')} "
+                f"| {where} | {run.get('divergences') if run.get('divergences') is not None else ''} "
+                f"| {gaps} | {run.get('accept_length')} | {run.get('tokens_per_s')} | {run.get('step_ms')} "
                 f"| {note} |"
             )  # fmt: skip
     return lines

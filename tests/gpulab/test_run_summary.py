@@ -88,4 +88,32 @@ def test_a_planted_bug_must_fail_on_the_tree_gate() -> None:
     assert "planted bug NOT IN PLACE" in row(failed, False)  # a pass there would prove nothing
     plain = {"target": "attention", "algo": "ddtree", "start_s": 40.0, "start_error": None,
              "runs": {"batch1": failed}}  # fmt: skip
-    assert matrix_table([plain])[2].endswith("| code-python@113 | 1.0639 | 268.1 | 3.974 |  |")
+    # A report from before the tie rule: no gaps to show.
+    assert matrix_table([plain])[2].endswith(
+        "| code-python@113 |  |  | 1.0639 | 268.1 | 3.974 |  |"
+    )
+
+
+def test_table_shows_the_tie_rule_s_gaps() -> None:
+    """The tree gate's figures: the divergence's gap, prompts diverged, worst gaps."""
+    divergence = {
+        "prompt": "code-python",
+        "position": 21,
+        "baseline": [5],
+        "candidate": [7],
+        "baseline_logprob": -1.0,
+        "candidate_logprob": -1.053,
+        "gap": 0.053,
+    }
+    gate = {
+        "gate": "tree",
+        "outcome": "passed",
+        "sentence": "ok",
+        "divergence": divergence,
+        "figures": {"max_gap": 0.061, "baseline_max_gap": 0.02, "divergences": 2},
+    }
+    report = {"sentence": "passes", "phases": [{"gates": [gate], "measurement": {}}]}
+    run = summarize(report, 0)
+    cell = {"target": "attention", "algo": "ddtree", "start_s": 30.0, "start_error": None,
+            "runs": {"batch1": run}}  # fmt: skip
+    assert "| code-python@21 (0.0530) | 2 | 0.061 (0.02) |" in matrix_table([cell])[2]
