@@ -111,7 +111,8 @@ def test_port_reports_each_hunk_with_offset_and_fuzz(fitting_port: PortReport) -
         ("0001", "spec_info.py", 2, HunkStatus.fuzzed, 56, 1),
         *(("0003", "dflash_worker.py", i, HunkStatus.applied, 0, 0) for i in range(1, 8)),
         ("0003", "dflash_worker.py", 8, HunkStatus.fuzzed, 0, 2),
-        ("0003", "dflash_worker.py", 9, HunkStatus.applied, 0, 0),
+        ("0003", "dflash_worker.py", 9, HunkStatus.applied, 0, 0),  # the log-prob invariant
+        ("0003", "dflash_worker.py", 10, HunkStatus.applied, 0, 0),
         ("0005", "cuda_graph_runner.py", 1, HunkStatus.offset, 33, 0),
         ("0005", "cuda_graph_runner.py", 2, HunkStatus.offset, 33, 0),
         ("0007", "hybrid_linear_attn_backend.py", 1, HunkStatus.applied, 0, 0),
@@ -247,7 +248,7 @@ def test_port_cli_failure_writes_reports_and_no_candidate(
     )
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     assert code == 5
-    assert "5 of 27 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
+    assert "5 of 30 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
     assert "newest reviewed set whose release is not newer than 0.5.12" in out
     (run_dir,) = runs.iterdir()
     names = sorted(p.name for p in run_dir.iterdir())
@@ -354,7 +355,7 @@ def test_port_cli_success_writes_candidate_into_run_folder(
     code = main(argv)
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0
-    assert "All 14 hunks of patch set 0.5.11 apply to SGLang 0.5.12" in out
+    assert "All 15 hunks of patch set 0.5.11 apply to SGLang 0.5.12" in out
     assert "unreviewed: sglang/srt/speculative/spec_registry.py:82" in out
     (run_dir,) = runs.iterdir()
     candidate = run_dir / f"candidate-{RELEASE}"
