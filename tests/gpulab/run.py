@@ -356,7 +356,8 @@ def long_answers(python: str, overrides: Sequence[str]) -> list[str]:
     product's own composition, in the venv of `python`), however many prompts it holds."""
     code = ("import sys; from ddtree_deploy.config import compose_config; "
             "print(len(compose_config(sys.argv[1:]).validation.prompts))")  # fmt: skip
-    count = int(_run([python, "-c", code, *overrides]))
+    # -P: not the checkout's ddtree_deploy/ (the cwd), whose conf/ is mapped only when installed.
+    count = int(_run([python, "-P", "-c", code, *overrides]))
     return [f"validation.prompts.{i}.max_new_tokens={LONG_ANSWER}" for i in range(count)]
 
 
