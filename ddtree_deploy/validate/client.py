@@ -101,7 +101,9 @@ class SglangClient:
         Two prompt-scoring requests (`max_new_tokens: 0`, so the target only runs its prefill):
         the prompt alone, for the token ids the server gives it (so the scored text is exactly
         what `generate` saw), then those ids plus `continuation` with each position's log-prob
-        and top two from the last prompt token on.
+        and top two from the last prompt token on. (SGLang reports the vocabulary's last id as
+        0; a prompt holding that very token would be re-sent altered. Real vocabularies pad
+        past their last used id.)
         """
         if not continuation:
             return ()
@@ -118,18 +120,26 @@ class SglangClient:
             "top_logprobs_num": 2,
         }
         meta = self._scoring_meta(request)
+        # One entry per token from logprob_start_len on, the first without a log-prob: the
+        # continuation is the rest, in order.
         tokens = meta.get("input_token_logprobs") or []
         tops = meta.get("input_top_logprobs") or []
         n = len(continuation)
-        if len(tokens) < n or len(tops) < n:
+        if len(tokens) != n + 1 or len(tops) != n + 1:
             raise BadResponse(
-                f"{self.base_url}/generate scored {min(len(tokens), len(tops))} of {n} tokens."
+                f"{self.base_url}/generate scored {len(tokens) - 1} positions of a "
+                f"{n}-token continuation."
             )
         scores = []
-        for want, entry, top in zip(continuation, tokens[-n:], tops[-n:], strict=True):
-            if entry[0] is None or int(entry[1]) != int(want) or not top:
+        for i, (want, entry, top) in enumerate(
+            zip(continuation, tokens[1:], tops[1:], strict=True)
+        ):
+            # SGLang reports the vocabulary's last id as 0 here (a clip meant for multimodal
+            # hash ids), so 0 stands for the token that was sent; any other id is a misalignment.
+            if entry[0] is None or not top or int(entry[1]) not in (int(want), 0):
                 raise BadResponse(
-                    f"{self.base_url}/generate scored tokens other than those it was sent."
+                    f"{self.base_url}/generate scored token {entry[1]} at continuation "
+                    f"position {i}, where it was sent {want}."
                 )
             ranked = sorted(((float(t[0]), int(t[1])) for t in top), reverse=True)
             scores.append(

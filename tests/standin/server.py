@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from standin.model import Decoder, detokenize, target_logprobs, tokenize
+from standin.model import VOCAB, Decoder, detokenize, target_logprobs, tokenize
 
 FAULTS = (
     "none",
@@ -219,13 +219,18 @@ class Refused(Exception):
 
 def _scored(ids: list[int], start: int, top: int) -> dict[str, Any]:
     """A prompt-scoring answer (`max_new_tokens: 0`): SGLang's `input_token_logprobs` and
-    `input_top_logprobs` from `start` on, the first entry without a log-prob, as 0.5.11 gives."""
+    `input_top_logprobs` from `start` on, the first entry without a log-prob, and the
+    vocabulary's last id reported as 0, as 0.5.11 gives them."""
     start = max(0, start)
-    tokens: list[list[Any]] = [[None, ids[start], None]] if start < len(ids) else []
+
+    def reported(token: int) -> int:
+        return token if token < VOCAB - 1 else 0
+
+    tokens: list[list[Any]] = [[None, reported(ids[start]), None]] if start < len(ids) else []
     tops: list[list[list[Any]] | None] = [None] if start < len(ids) else []
     for j in range(start + 1, len(ids)):
         logp = target_logprobs(ids[j - 2] if j > 1 else 0, ids[j - 1])
-        tokens.append([float(logp[ids[j]]), ids[j], None])
+        tokens.append([float(logp[ids[j]]), reported(ids[j]), None])
         best = torch.topk(logp, top) if top else None
         tops.append(
             [[float(v), int(i), None] for v, i in zip(*best, strict=True)] if best else None

@@ -130,7 +130,10 @@ def test_scoring_reads_the_target_s_own_log_probs_for_any_continuation(
         greedy = sgl.generate(text, 24).output_ids
         wrong = (*greedy[:5], (greedy[5] + 1) % 64, *greedy[6:])
         right, off = sgl.score(text, greedy), sgl.score(text, wrong)
+        # The vocabulary's last id, which SGLang reports as 0 in the scored entries.
+        last = sgl.score(text, (*greedy[:3], 63))
     assert [s.token for s in right] == list(greedy)
+    assert last[3].token == 63 and last[3].logprob < 0
     assert all(s.gap == 0.0 and s.top_token == s.token for s in right)
     context = [*tokenize(text), *wrong]
     expected = target_logprobs(context[-len(wrong) - 2 + 5], context[-len(wrong) - 1 + 5])
