@@ -180,9 +180,9 @@ def score_answers(
     candidate: Measurement,
     baseline: Measurement,
 ) -> Scoring:
-    """The target's prefill scores of every distinct answer the candidate gave (all passes) and
-    of the baseline's first pass, read from the service `client` reaches; where that service
-    cannot score (it refuses or answers malformed), `Scoring.error` says why.
+    """The target's prefill scores of every distinct answer the candidate and the baseline gave
+    (all passes, so both are sampled alike), read from the service `client` reaches; where that
+    service cannot score (it refuses or answers malformed), `Scoring.error` says why.
     """
     texts = {p.name: p.text for p in prompts}
 
@@ -191,6 +191,6 @@ def score_answers(
         return tuple(ScoredOutput(name, client.score(texts[name], ids)) for name, ids in distinct)
 
     try:
-        return Scoring(candidate=scored(candidate.results), baseline=scored(baseline.first_pass))
+        return Scoring(candidate=scored(candidate.results), baseline=scored(baseline.results))
     except ValidationError as err:
         return Scoring(error=str(err))

@@ -65,7 +65,7 @@ class Scoring:
     """What the target's prefill said of the outputs the tree gate compares."""
 
     candidate: tuple[ScoredOutput, ...] = ()  # every distinct output of the candidate
-    baseline: tuple[ScoredOutput, ...] = ()  # the baseline's first pass
+    baseline: tuple[ScoredOutput, ...] = ()  # every distinct output of the baseline
     error: str | None = None  # why the scores could not be read (the rest is then empty)
 
     def find(

@@ -341,3 +341,25 @@ def test_poll_names_the_gate_a_final_answer_belongs_to() -> None:
         clock=clock.clock,
     )
     assert (result.gate, result.outcome) == ("unit_active", Outcome.failed)
+
+
+def test_a_target_whose_prefill_disagrees_with_linear_dflash_is_no_judge() -> None:
+    """Linear DFlash's own tokens 2 nats off the prefill (a target whose prefill and verify
+    disagree, as a random MoE router's flips made them in the GPU lab): a tree token 1.5 nats
+    off cannot be told from a tie (inconclusive), one 3 nats off still fails."""
+    stray = scores_for({"chat": CHAT, "code": CODE}, {("chat", 4): (CHAT[5], 2.0)})
+    tree = run("tree", {"chat": CHAT, "code": FLIPPED}, 4, 0.8)
+    for gap, outcome in ((1.5, Outcome.inconclusive), (3.0, Outcome.failed)):
+        candidate = scores_for({"chat": CHAT, "code": FLIPPED}, {("code", 7): (CODE[7], gap)})
+        result = tree_verdict(tree, Scoring(candidate, stray))
+        assert result.outcome is outcome, result.sentence
+        assert result.figures["baseline_max_gap"] == 2.0
+    assert (
+        "linear DFlash's own tokens sit up to 2.0000 nats"
+        in tree_verdict(
+            tree,
+            Scoring(
+                scores_for({"chat": CHAT, "code": FLIPPED}, {("code", 7): (CODE[7], 1.5)}), stray
+            ),
+        ).sentence
+    )
