@@ -692,7 +692,7 @@ def requests_refused_for_ddtree():
     def refusal(algorithm, grammar, logprob=False, experts=False):
         params = SimpleNamespace(
             json_schema='{"type": "object"}' if grammar else None, regex=None, ebnf=None,
-            structural_tag=None,
+            structural_tag=None, max_new_tokens=16,
         )  # fmt: skip
         req = SimpleNamespace(
             return_logprob=logprob, return_hidden_states=False, sampling_params=params,
