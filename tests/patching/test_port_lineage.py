@@ -67,7 +67,8 @@ _PS_HOOK = "speculative_hook.py"
 LINEAGES = (
     # 0.5.15's worker: the draft runner shares the target's server args, an in-graph draft sampler
     # replaced the eager greedy head, and the batch argument is `batch` (0.5.14:
-    # model_worker_batch). 0004 holds the worker's new helper. New sites: four widened gates.
+    # model_worker_batch, which the log-prob guard's hunk names too). 0004 holds the worker's new
+    # helper. New sites: four widened gates.
     Lineage(
         "0.5.14",
         "0.5.15",
@@ -76,8 +77,9 @@ LINEAGES = (
                 "draft_server_args = deepcopy(server_args)"
             ),
             (WORKER, "dflash_worker_v2.py", 8): _absent("def _validate_phase1_sampling_support("),
-            (WORKER, "dflash_worker_v2.py", 9): _absent("if draft_hidden is None:"),
-            (WORKER, "dflash_worker_v2.py", 11): _absent("batch=model_worker_batch,"),
+            (WORKER, "dflash_worker_v2.py", 9): _absent("model_worker_batch: ScheduleBatch,"),
+            (WORKER, "dflash_worker_v2.py", 10): _absent("if draft_hidden is None:"),
+            (WORKER, "dflash_worker_v2.py", 12): _absent("batch=model_worker_batch,"),
         },
         unreviewed={"widened": 4},
         also_rewritten=(HELPERS,),
@@ -86,7 +88,8 @@ LINEAGES = (
     # follow the DFLASH block size; the worker builds its draft runner through
     # build_draft_tp_worker, no longer refuses TP > 1 for its draft sampler and keeps the Mamba
     # commit in a flag set at init; SpecInput's token scaling became a function; the Mamba pools
-    # moved to mem_cache/kv_cache_configurator.py. It asks is_dflash_family() at most runtime
+    # moved to mem_cache/kv_cache_configurator.py; dflash_utils' sampled-verify tail, the context
+    # of 0004's scoring-request helpers, changed. It asks is_dflash_family() at most runtime
     # gates, so most of its new sites are widened.
     Lineage(
         "0.5.15",
@@ -106,7 +109,10 @@ LINEAGES = (
                 "# Draft runner (separate KV cache + attention backend).", "removed"
             ),
             (WORKER, "dflash_worker_v2.py", 6): _absent("if get_tp_group().world_size != 1:"),
-            (WORKER, "dflash_worker_v2.py", 13): _absent("if need_mamba_verify_commit:"),
+            (WORKER, "dflash_worker_v2.py", 14): _absent("if need_mamba_verify_commit:"),
+            (HELPERS, "dflash_utils.py", 5): "context line 'row_ids = torch.arange(bs, "
+            "dtype=torch.long, device=device)' does not match line 790 ('target_probs,') at the "
+            "closest match (7 of 11 lines)",
             (HYBRID_LINEAR, "spec_info.py", 1): _absent(
                 "x * c2 for x in batch.global_num_tokens_for_logprob"
             ),
@@ -117,13 +123,14 @@ LINEAGES = (
             },
         },
         unreviewed={"widened": 14, "covered": 2, "dflash-only": 1},
-        hunks=40,
+        hunks=43,
     ),
     # 0.5.17: the server-args fields carry NS("spec") (published into its config bags); the worker
     # imports the exec bag and the grammar and simulated-acceptance helpers, and masks a grammar
     # over its chain before the accept; the Mamba pools read the top-k from the spec bag. 0004's
-    # hunks fit, but its helpers needed a deep copy of the read-only server args, the draft
-    # runner's spec-bag scope and the grammar refusal. New sites: string gates around the
+    # import hunk no longer fits (dflash_utils imports the environment first), and its helpers
+    # needed a deep copy of the read-only server args, the draft runner's spec-bag scope and the
+    # grammar refusal. New sites: string gates around the
     # ReplaySSM spec-verify and lazy Mamba caching (covered), grammar overlap, an NPU verify layout
     # and two gates 0.5.17 rewrote (widened).
     Lineage(
@@ -134,12 +141,15 @@ LINEAGES = (
             "2027 ('NS(\"spec\"),') at the closest match (4 of 7 lines)",
             (WORKER, "dflash_worker_v2.py", 1): "context line ')' does not match line 31 ('from "
             "sglang.srt.server_args import ServerArgs') at the closest match (8 of 14 lines)",
-            (WORKER, "dflash_worker_v2.py", 11): "context line 'lm_head=lm_head,' does not match "
+            (WORKER, "dflash_worker_v2.py", 12): "context line 'lm_head=lm_head,' does not match "
             "line 1649 ('draft_tokens[:, 1:].copy_(draft_next)') at the closest match (18 of 24 "
             "lines)",
-            (WORKER, "dflash_worker_v2.py", 12): "context line 'candidates = draft_tokens' does "
+            (WORKER, "dflash_worker_v2.py", 13): "context line 'candidates = draft_tokens' does "
             "not match line 1718 ('# Constrain every chain position before accept picks from "
             "it.') at the closest match (6 of 12 lines)",
+            (HELPERS, "dflash_utils.py", 2): _absent(
+                "from sglang.srt.utils import is_cuda, is_musa"
+            ),
             **{
                 (HYBRID_LINEAR, "kv_cache_configurator.py", i): _absent(
                     "speculative_eagle_topk=self.server_args.speculative_eagle_topk,", "removed"
@@ -148,15 +158,16 @@ LINEAGES = (
             },
         },
         unreviewed={"covered": 3, "widened": 4},
-        also_rewritten=(HELPERS,),
-        hunks=40,
+        hunks=44,
     ),
     # 0.5.18: spec_utils and the KV-cache configurator read the spec bag and runtime_context's
     # predicates, the worker imports the schedule bag, dflash_utils grew Triton kernels after
-    # validate_dflash_request, and the extra_buffer_lazy assert 0002 widened is gone. (0004 also
-    # refuses log-prob requests and writes the draft runner's server-args copy past the read-only
-    # guard, 0.5.18 having no ServerArgs.override; 0003 refuses a tree on a head without a dense
-    # weight.) New sites: the DFlash draft pool's KV cell size and the spec worker's draft runners
+    # validate_dflash_request, and the extra_buffer_lazy assert 0002 widened is gone; DFLASH
+    # serves log-prob requests, so the worker's log-prob guard and validate_dflash_request's
+    # refusal, which 0003 and 0004 narrow to generating requests, are gone. (0004 also refuses
+    # generating log-prob requests for DDTREE and writes the draft runner's server-args copy past
+    # the read-only guard, 0.5.18 having no ServerArgs.override; 0003 refuses a tree on a head
+    # without a dense weight.) New sites: the DFlash draft pool's KV cell size and the spec worker's draft runners
     # (widened), and the FutureMap relay gate spec_utils now asks of the spec bag (covered).
     Lineage(
         "0.5.17",
@@ -172,8 +183,13 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 1): _absent(
                 "from sglang.srt.runtime_context import get_exec", "removed"
             ),
-            (HELPERS, "dflash_utils.py", 5): "its lines match only before the end of the "
-            "previous hunk",
+            (WORKER, "dflash_worker_v2.py", 13): _absent(
+                'if getattr(batch, "return_logprob", False):', "removed"
+            ),
+            (HELPERS, "dflash_utils.py", 2): _absent(
+                "from sglang.srt.layers.sampler import apply_custom_logit_processor"
+            ),
+            (HELPERS, "dflash_utils.py", 6): _absent("if req.return_logprob:", "removed"),
             (HYBRID_LINEAR, "kv_cache_configurator.py", 2): _absent(
                 "speculative_num_draft_tokens=self.server_args.max_speculative_num_draft_tokens,"
             ),
@@ -185,7 +201,7 @@ LINEAGES = (
             ),
         },
         unreviewed={"covered": 1, "widened": 2},
-        hunks=48,
+        hunks=51,
     ),
     # Back from 0.5.23: 0.5.22 has no spec-decode metrics tuple, no dflash_dp module and no
     # draft_parallel import; its worker keeps the draft placement in `draft_owns_attention`

@@ -714,3 +714,87 @@ def hybrid_refusal():
         except ValueError as e:
             out[name] = str(e)
     return out
+
+
+# ------------------------------------------------------------------ scoring requests
+
+
+def _request(max_new_tokens: int, logprob: bool = True) -> SimpleNamespace:
+    """TEST DOUBLE: a Req with the fields the DFlash validations read."""
+    params = SimpleNamespace(
+        max_new_tokens=max_new_tokens, json_schema=None, regex=None, ebnf=None,
+        structural_tag=None,
+    )  # fmt: skip
+    return SimpleNamespace(
+        return_logprob=logprob, return_hidden_states=False, return_routed_experts=False,
+        return_indexer_topk=False, sampling_params=params,
+    )  # fmt: skip
+
+
+class _PastTheGuard(Exception):
+    """The worker reached its first step after any log-prob guard."""
+
+
+def _worker_entry(forward_mode, *reqs) -> str:
+    """What DFlashWorkerV2.forward_batch_generation (real) does with a batch of `reqs` up to
+    its sampling check: "passed", or the guard's refusal. TEST DOUBLES: the worker (its
+    sampling check stops the call) and the batch (the fields a guard reads)."""
+    import sglang.srt.speculative.dflash_worker_v2 as W
+
+    def stop(batch):
+        raise _PastTheGuard
+
+    worker = SimpleNamespace(_validate_phase1_sampling_support=stop)
+    batch = SimpleNamespace(
+        return_logprob=any(r.return_logprob for r in reqs), forward_mode=forward_mode,
+        is_extend_in_batch=False, reqs=list(reqs),
+    )  # fmt: skip
+    try:
+        W.DFlashWorkerV2.forward_batch_generation(worker, batch)
+    except _PastTheGuard:
+        return "passed"
+    except ValueError as e:
+        return str(e)
+    return "returned"
+
+
+@check
+def scoring_requests():
+    """The tree gate's prompt-scoring request (return_logprob with max_new_tokens 0: the
+    target's log-probs of its own prompt and continuation, from its prefill) against a log-prob
+    request that generates: the scheduler's gate and validation (`validate_dflash_request`,
+    real) for DFLASH and DDTREE, and the worker's entry for a prefill and a decode batch (under
+    overlap a scoring request rides one decode step after finishing at its prefill). TEST
+    DOUBLES: the requests, the spec bag (0.5.17 on), the worker and the batches."""
+    import sglang.srt.runtime_context as ctx
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    def validation(algorithm: str, req) -> str:
+        spec = SimpleNamespace(speculative_algorithm=algorithm)
+        scope = (
+            patched(ctx, get_spec=lambda: spec)
+            if hasattr(ctx, "get_spec")
+            else contextlib.nullcontext()
+        )
+        with scope:
+            return U.validate_dflash_request(req, True) or "admitted"
+
+    def gate(algorithm: str) -> bool:
+        algo = SpeculativeAlgorithm[algorithm]
+        return bool(getattr(algo, "is_dflash_family", algo.is_dflash)())
+
+    extend, decode = ForwardMode.EXTEND, ForwardMode.DECODE
+    scoring, generating, plain = _request(0), _request(16), _request(16, logprob=False)
+    return {
+        "scheduler_gate": {a: gate(a) for a in ("DFLASH", "DDTREE")},
+        "validation": {
+            a: {"scoring": validation(a, scoring), "generating": validation(a, generating)}
+            for a in ("DFLASH", "DDTREE")
+        },
+        "worker": {
+            "prefill_scoring": _worker_entry(extend, scoring, plain),
+            "prefill_generating": _worker_entry(extend, generating),
+            "decode_scoring": _worker_entry(decode, scoring, plain),
+            "decode_generating": _worker_entry(decode, scoring, generating),
+        },
+    }

@@ -692,7 +692,7 @@ def requests_refused_for_ddtree():
     def refusal(algorithm, grammar, logprob=False, experts=False):
         params = SimpleNamespace(
             json_schema='{"type": "object"}' if grammar else None, regex=None, ebnf=None,
-            structural_tag=None,
+            structural_tag=None, max_new_tokens=16,
         )  # fmt: skip
         req = SimpleNamespace(
             return_logprob=logprob, return_hidden_states=False, sampling_params=params,
@@ -734,6 +734,38 @@ def requests_refused_for_ddtree():
         ),
         "simulated_acceptance": simulated,
         "plain_init": _init(ddtree_spec()),
+    }
+
+
+@check
+def decode_after_scoring_request():
+    """Under overlap a scoring request, finished at its prefill, rides one decode step with the
+    batch's return_logprob set; DFlash's verify (0.5.14 to 0.5.17) and DDTREE's (0.5.18)
+    compute no log-probs for it, so the result processor (`_normalize_decode_outputs`, real)
+    takes that step without them and still reads a step's own. TEST DOUBLES: the processor
+    (its spec-v2 token resolution), the batch, the result and the logits output."""
+    from sglang.srt.managers.scheduler_components.batch_result_processor import (
+        SchedulerBatchResultProcessor,
+    )
+
+    def normalized(logprobs):
+        processor = SimpleNamespace(_resolve_spec_v2_tokens=lambda result, batch: [[5, 6]])
+        batch = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.DDTREE, return_logprob=True)
+        out = SimpleNamespace(
+            next_token_logprobs=logprobs, next_token_top_logprobs_val=None,
+            next_token_token_ids_logprobs_val=None,
+        )  # fmt: skip
+        try:
+            ids, got = SchedulerBatchResultProcessor._normalize_decode_outputs(
+                processor, batch=batch, result=None, logits_output=out, next_token_ids=None
+            )
+        except AttributeError as e:
+            return {"error": str(e)}
+        return {"ids": ids, "logprobs": got}
+
+    return {
+        "without_logprobs": normalized(None),
+        "with_logprobs": normalized(torch.tensor([-0.5, -1.5])),
     }
 
 

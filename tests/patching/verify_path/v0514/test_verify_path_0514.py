@@ -44,3 +44,39 @@ def test_hybrid_tree_keeps_one_conv_window_per_node(check: Callable[[str], dict]
     # The chains keep the release's deduplicated layout: shadow_linear is DFlash's own chain.
     assert got["ddtree_shadow"] == {"topk": 1, "dedup_on_cuda": True}
     assert got["dflash"] == {"topk": 1, "dedup_on_cuda": True}
+
+
+DFLASH_LOGPROB = "DFLASH speculative decoding does not support return_logprob yet."
+DDTREE_LOGPROB = "DDTREE speculative decoding does not support return_logprob yet."
+
+
+def test_scoring_requests_are_admitted(release: str, check: Callable[[str], dict]) -> None:
+    """The tree gate scores the target's log-probs of a prompt and its continuation by a request
+    with return_logprob and max_new_tokens 0, served by the target's plain prefill: DFLASH and
+    DDTREE admit it (0004), and the worker's guard (0.5.14 to 0.5.17, 0003) lets a prefill
+    through and a decode step a scoring request rides under overlap. A log-prob request that
+    generates keeps the release's answer: refused for both up to 0.5.17, for DDTREE on 0.5.18,
+    whose DFLASH reads log-probs from its verify chain; the guard still refuses its decode."""
+    got = check("scoring_requests")
+    assert got["scheduler_gate"] == {"DFLASH": True, "DDTREE": True}
+    refusal = {"DFLASH": "admitted", "DDTREE": DDTREE_LOGPROB} if release == "0.5.18" else {
+        "DFLASH": DFLASH_LOGPROB, "DDTREE": DFLASH_LOGPROB,
+    }  # fmt: skip
+    assert got["validation"] == {
+        a: {"scoring": "admitted", "generating": refusal[a]} for a in ("DFLASH", "DDTREE")
+    }
+    guarded_decode = "passed" if release == "0.5.18" else DFLASH_LOGPROB
+    assert got["worker"] == {
+        "prefill_scoring": "passed", "prefill_generating": "passed", "decode_scoring": "passed",
+        "decode_generating": guarded_decode,
+    }  # fmt: skip
+
+
+def test_decode_after_a_scoring_request_carries_no_logprobs(check: Callable[[str], dict]) -> None:
+    """0004: the one decode step a finished scoring request rides under overlap has the batch's
+    return_logprob set and no log-probs (DFlash's verify computes none up to 0.5.17, DDTREE's
+    on 0.5.18); the result processor takes it as such (it read `None.tolist()` before) and still
+    reads a step's own log-probs."""
+    got = check("decode_after_scoring_request")
+    assert got["without_logprobs"] == {"ids": [[5, 6]], "logprobs": None}
+    assert got["with_logprobs"] == {"ids": [[5, 6]], "logprobs": [-0.5, -1.5]}

@@ -93,3 +93,16 @@ def test_server_args_widen_the_tree_verify(
     )  # fmt: skip
     assert [(name, detail) for name, ok, detail in rows if not ok] == []
     assert limit == 63 and len(rows) == WIDE_ROWS
+
+
+def test_scoring_and_logprob_requests_are_served(check: Callable[[str], dict]) -> None:
+    """0.5.19 to 0.5.23 serve log-prob requests on DDTREE as on DFLASH (the worker gathers the
+    accepted path's rows into the chain layout before reading log-probs), so nothing is
+    patched for the tree gate's scoring request (return_logprob, max_new_tokens 0): DFLASH and
+    DDTREE admit it and a generating log-prob request alike, and the worker has no log-prob
+    guard."""
+    got = check("scoring_requests")
+    assert got["scheduler_gate"] == {"DFLASH": True, "DDTREE": True}
+    admitted = {"scoring": "admitted", "generating": "admitted"}
+    assert got["validation"] == {"DFLASH": admitted, "DDTREE": admitted}
+    assert set(got["worker"].values()) == {"passed"}
