@@ -17,9 +17,8 @@ Sizes (`SIZES`):
   heads of 128, intermediate 12288: 7.0 B parameters, 13.9 GB in bf16); the hybrid has
   Qwen3-Next-80B-A3B's width and depth (hidden 2048, 48 layers, every fourth one attention,
   16/2 heads of 256) with half its linear-attention heads (8 key, 16 value heads of 128, so the
-  speculative Mamba states of five servers fit one GPU) and a dense MLP of 6144 in every layer,
-  as Qwen3.6-27B has, instead of experts (2.7 B parameters, 5.5 GB). Both at initializer_range
-  0.02, as trained models
+  speculative Mamba states of five servers fit one GPU) and 16 experts (top 4) of 256 instead
+  of 512 of 512 (2.3 B parameters, 4.6 GB). Both at initializer_range 0.02, as trained models
   are initialised: logit gaps under 0.05 every 10 to 20 tokens, the near-ties a bf16 server
   flips. Written on the GPU (`with torch.device("cuda")`, bf16: float32 init of 7 B
   parameters on a CPU takes minutes), never carried. Their drafters have the target's width,
@@ -140,11 +139,11 @@ TARGETS: dict[str, dict[str, dict[str, Any]]] = {
             "linear_value_head_dim": 128,
             "linear_num_key_heads": 8,
             "linear_num_value_heads": 16,
-            # Dense MLPs in every layer, as Qwen3.6-27B's: a random MoE router's near-tied
-            # experts flip between prefill and verify (GPU lab run 10: linear DFlash's own
-            # tokens up to 5 nats off the prefill's choice), which no trained dense target has.
-            "intermediate_size": 6144,
-            "mlp_only_layers": list(range(48)),
+            # Experts in every layer: SGLang's Qwen3-Next builds each layer's MLP as a MoE
+            # (`is_layer_sparse = True`, mlp_only_layers unread), so a dense hybrid such as
+            # Qwen3.6-27B needs its own architecture (Qwen3_5ForCausalLM). A random router's
+            # near-tied experts flip between prefill and verify (GPU lab run 10: linear DFlash's
+            # own tokens up to 5 nats off the prefill's choice).
             "num_experts": 16,
             "num_experts_per_tok": 4,
             "moe_intermediate_size": 256,
@@ -235,8 +234,7 @@ def parameter_count(config: dict[str, Any]) -> int:
         attention = hidden * (q_out + 2 * kv * head_dim) + q_out * hidden + 2 * head_dim
         mlp = 3 * hidden * config["intermediate_size"]
         return total + layers * (attention + mlp + 2 * hidden)
-    # Qwen3-Next: gated attention (q_proj doubled), gated delta-nets, a routed and a shared MoE
-    # (a dense MLP in `mlp_only_layers`).
+    # Qwen3-Next: gated attention (q_proj doubled), gated delta-nets, a routed and a shared MoE.
     attention = hidden * (2 * q_out + 2 * kv * head_dim) + q_out * hidden + 2 * head_dim
     keys = config["linear_num_key_heads"] * config["linear_key_head_dim"]
     values = config["linear_num_value_heads"] * config["linear_value_head_dim"]
@@ -256,16 +254,9 @@ def parameter_count(config: dict[str, Any]) -> int:
         + 3 * hidden * config["shared_expert_intermediate_size"]
         + hidden  # shared expert gate
     )
-    dense = len(config.get("mlp_only_layers") or [])
-    mlp = 3 * hidden * config["intermediate_size"]
     attending = layers // config["full_attention_interval"]
     return (
-        total
-        + attending * attention
-        + (layers - attending) * linear
-        + (layers - dense) * moe
-        + dense * mlp
-        + layers * 2 * hidden
+        total + attending * attention + (layers - attending) * linear + layers * (moe + 2 * hidden)
     )
 
 
