@@ -392,6 +392,7 @@ def _tie_figures(
         "tokens_scored": ties.tokens,
         "max_gap": _round(ties.max_gap),
         "off_top_tokens": ties.off_top,
+        "near_tie_positions": ties.near_ties,
         "baseline_max_gap": _round(max((o.max_gap for o in scoring.baseline), default=0.0)),
         "divergences": len(found),
         "per_prompt": rows,

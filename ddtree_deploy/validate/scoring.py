@@ -31,6 +31,15 @@ class TokenScore:
     second_logprob: float | None = None  # the runner-up's, how close the position is to a tie
 
     @property
+    def margin(self) -> float:
+        """How far apart the target's top two are here (infinite when the runner-up is unknown)."""
+        if self.token != self.top_token:
+            return self.gap  # the emitted token is itself a runner-up
+        if self.second_logprob is None:
+            return float("inf")
+        return self.top_logprob - self.second_logprob
+
+    @property
     def gap(self) -> float:
         """How far below the target's top-1 the emitted token sits (0 when it is the top-1)."""
         return 0.0 if self.token == self.top_token else max(0.0, self.top_logprob - self.logprob)
@@ -102,6 +111,12 @@ class TieVerdict:
     @property
     def tokens(self) -> int:
         return sum(len(o.scores) for o in self.outputs)
+
+    @property
+    def near_ties(self) -> int:
+        """Positions whose top two the target scores within the tolerance: where a flip of the
+        verify's bf16 logits is expected, so what the rule was exercised on."""
+        return sum(1 for o in self.outputs for s in o.scores if s.margin <= self.tolerance)
 
     @property
     def off_top(self) -> int:

@@ -179,6 +179,9 @@ def test_a_divergence_at_a_near_tie_passes_and_the_report_says_so(hybrid: bool) 
     assert rows["code"]["divergence"]["candidate_logprob"] == pytest.approx(-0.15)
     assert rows["chat"]["verdict"] == "identical"
     assert result.figures["max_gap"] == pytest.approx(0.05)
+    # scores_for's runner-up sits 1.9 nats below: no position is a near-tie but the flip's.
+    assert result.figures["off_top_tokens"] == 1
+    assert result.figures["near_tie_positions"] == 1
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
