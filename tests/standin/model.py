@@ -76,7 +76,9 @@ def pass_time(step_s: float, batch_nodes: float) -> float:
 
 
 def tokenize(text: str) -> list[int]:
-    return [b % VOCAB for b in text.encode()] or [0]
+    """Bytes onto the vocabulary but its last id, which (as a real vocabulary's padding id)
+    no text holds: SGLang reports that id as 0 in scored prompts (`standin.server._scored`)."""
+    return [b % (VOCAB - 1) for b in text.encode()] or [0]
 
 
 def detokenize(ids: list[int]) -> str:
