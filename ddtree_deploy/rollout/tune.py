@@ -5,11 +5,11 @@ baseline is measured (or a stored one reused) at every concurrency of `tune.conc
 shadow-linear gate runs once; then every candidate of `tune.budgets` x `tune.topks` (topk <=
 budget) is deployed as a generation and judged by the polled gates and the tree gate at each
 concurrency against the baseline measured at that concurrency. A candidate passes when every
-cell passes (same tokens as linear DFlash, acceptance reported, speedup >=
-`validation.min_speedup`). The promoted candidate is the passing one with the best geometric
-mean of its speedups over the named concurrencies (ties: the smaller budget, then top-k); the
-report also names the best candidate at each concurrency. When none passes, linear DFlash is
-put back and proven healthy (`TuneNoWinner`, exit 12).
+cell passes (every emitted token the target's choice within `validation.tie_tolerance`,
+acceptance reported, speedup >= `validation.min_speedup`). The promoted candidate is the
+passing one with the best geometric mean of its speedups over the named concurrencies (ties:
+the smaller budget, then top-k); the report also names the best candidate at each concurrency.
+When none passes, linear DFlash is put back and proven healthy (`TuneNoWinner`, exit 12).
 
 Host safety: a candidate's generation stays only once judged; a failing one is rolled back by
 the pipeline to the judged generation below it (shadow-linear or the previous passing
@@ -406,12 +406,13 @@ def judge_cells(
 ) -> None:
     """A candidate's cells and verdict from `judge(level)`, the gates ending in the tree gate.
 
-    A token divergence stops the candidate at once (no point measuring wrong tokens on). Kept
-    apart from the live service so the GPU lab, which starts its own servers, judges the same.
+    A failed cell (a token beyond the tie rule, or too slow) stops the candidate at once (no
+    point measuring it on). Kept apart from the live service so the GPU lab, which starts its
+    own servers, judges the same.
     """
     for level in levels:
         if result.verdict == Outcome.failed.value:
-            result.cells.append(Cell(level, "not_run", "not measured after a divergence"))
+            result.cells.append(Cell(level, "not_run", "not measured after a failed cell"))
             continue
         gates = judge(level)
         tree = gates[-1]
