@@ -44,6 +44,7 @@ class SglangClient:
         headers = {"Authorization": f"Bearer {api_key.reveal()}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+        self._prompt_ids: dict[str, list[int]] = {}  # score(): each prompt's ids, asked once
 
     def __enter__(self) -> SglangClient:
         return self
@@ -98,21 +99,16 @@ class SglangClient:
     def score(self, text: str, continuation: Sequence[int]) -> tuple[TokenScore, ...]:
         """The target's prefill scores of `continuation` after the prompt `text`.
 
-        Two prompt-scoring requests (`max_new_tokens: 0`, so the target only runs its prefill):
-        the prompt alone, for the token ids the server gives it (so the scored text is exactly
-        what `generate` saw), then those ids plus `continuation` with each position's log-prob
-        and top two from the last prompt token on. (SGLang reports the vocabulary's last id as
-        0; a prompt holding that very token would be re-sent altered. Real vocabularies pad
-        past their last used id.)
+        Prompt-scoring requests (`max_new_tokens: 0`, so the target only runs its prefill): the
+        prompt alone, once per prompt and client, for the token ids the server gives it (so the
+        scored text is exactly what `generate` saw), then those ids plus `continuation` with
+        each position's log-prob and top two from the last prompt token on. (SGLang reports
+        the vocabulary's last id as 0; a prompt holding that very token would be re-sent
+        altered. Real vocabularies pad past their last used id.)
         """
         if not continuation:
             return ()
-        entries = self._scoring_meta({"text": text, "logprob_start_len": 0}).get(
-            "input_token_logprobs"
-        )
-        if not entries:
-            raise BadResponse(f"{self.base_url}/generate scored no prompt tokens.")
-        prompt_ids = [int(entry[1]) for entry in entries]
+        prompt_ids = self._prompt_ids.get(text) or self._ids_of(text)
         wanted = [*prompt_ids, *(int(t) for t in continuation)]
         request = {
             "input_ids": wanted,
@@ -152,6 +148,16 @@ class SglangClient:
                 )
             )
         return tuple(scores)
+
+    def _ids_of(self, text: str) -> list[int]:
+        """The token ids the server gives the prompt `text` (a scoring request of it alone)."""
+        entries = self._scoring_meta({"text": text, "logprob_start_len": 0}).get(
+            "input_token_logprobs"
+        )
+        if not entries:
+            raise BadResponse(f"{self.base_url}/generate scored no prompt tokens.")
+        self._prompt_ids[text] = [int(entry[1]) for entry in entries]
+        return self._prompt_ids[text]
 
     def _scoring_meta(self, fields: dict[str, Any]) -> dict[str, Any]:
         """`meta_info` of a prompt-scoring request (no new tokens, log-probs returned)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from ddtree_deploy.config.schema import InconclusivePolicy
 from ddtree_deploy.validate.measure import Measurement
-from ddtree_deploy.validate.scoring import Scoring, TieVerdict, judge_ties, score_of
+from ddtree_deploy.validate.scoring import Scoring, TieVerdict, score_of
 
 CONTEXT_TOKENS = 12  # tokens of each continuation shown at a divergence
 
@@ -267,7 +267,7 @@ def judge_tree(
         )
     found = [_with_scores(d, baseline, tree, scoring) for d in divergences(baseline, tree)]
     first = found[0] if found else None
-    ties = judge_ties(scoring.candidate, tie_tolerance)
+    ties = TieVerdict(tie_tolerance, scoring.candidate)
     figures.update(_tie_figures(baseline, tree, scoring, ties, found))
     if scoring.error is not None:
         if first is not None:

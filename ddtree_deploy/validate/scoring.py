@@ -96,13 +96,12 @@ class TieVerdict:
     @property
     def beyond(self) -> tuple[ScoredOutput, int, TokenScore] | None:
         """The output whose worst token is farthest beyond the tolerance, if any is."""
-        worst: tuple[ScoredOutput, int, TokenScore] | None = None
-        for output in self.outputs:
-            found = output.worst()
-            beyond = found is not None and found[1].gap > self.tolerance
-            if found and beyond and (worst is None or found[1].gap > worst[2].gap):
-                worst = (output, *found)
-        return worst
+        found = [
+            (output, *worst)
+            for output in self.outputs
+            if (worst := output.worst()) is not None and worst[1].gap > self.tolerance
+        ]
+        return max(found, key=lambda f: f[2].gap, default=None)
 
     @property
     def max_gap(self) -> float:
@@ -122,11 +121,6 @@ class TieVerdict:
     def off_top(self) -> int:
         """Emitted tokens that are not the prefill's top-1 (near-ties or worse)."""
         return sum(1 for o in self.outputs for s in o.scores if s.gap > 0.0)
-
-
-def judge_ties(outputs: Sequence[ScoredOutput], tolerance: float) -> TieVerdict:
-    """The tie rule over `outputs`: every emitted token within `tolerance` of the top-1."""
-    return TieVerdict(tolerance, tuple(outputs))
 
 
 def score_of(scored: ScoredOutput | None, position: int, token: int) -> float | None:

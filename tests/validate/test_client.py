@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -151,3 +152,25 @@ def test_a_log_prob_request_that_generates_is_refused_as_the_sets_refuse_it(
     answer = httpx.post(f"{local_standin.url}/generate", json=body, headers=headers, timeout=60)
     assert answer.status_code == 400
     assert "does not support return_logprob" in answer.text
+
+
+def test_scoring_asks_each_prompt_s_ids_once() -> None:
+    """Answers of one prompt (a tree's passes, the baseline's) share one prompt-ids request.
+    TEST DOUBLE: an httpx mock transport answering SGLang's scoring shapes."""
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        asked.append("text" if "text" in body else "ids")
+        ids = body.get("input_ids") or [7, 8, 9]
+        start = body["logprob_start_len"]
+        entries = [[None if i == start else -0.1, t, None] for i, t in enumerate(ids)][start:]
+        tops = [None] + [[[-0.1, t, None]] for t in ids[start + 1 :]]
+        meta = {"input_token_logprobs": entries, "input_top_logprobs": tops}
+        return httpx.Response(200, json={"meta_info": meta})
+
+    with SglangClient("http://sglang", api_key=None, timeout_s=5) as sgl:
+        sgl._http = httpx.Client(base_url="http://sglang", transport=httpx.MockTransport(answer))
+        first, second = sgl.score("Hi", (1, 2)), sgl.score("Hi", (3,))
+    assert asked == ["text", "ids", "ids"]
+    assert [s.token for s in (*first, *second)] == [1, 2, 3]
