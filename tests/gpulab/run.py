@@ -41,17 +41,18 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from tables import render_table, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 ALGOS = ("dflash", "ddtree_shadow", "ddtree")
-BATCHED = ("validation.concurrency=8", "validation.repeats=4")  # 4 passes, 8 in flight
+IN_FLIGHT = "8"  # the batched passes' requests in flight (--in-flight): 4 passes, 8 at once
 LONG_ANSWER = 160  # new tokens every prompt answers (the matrix asks for at least 128)
 OVERHEAD_CONCURRENCY = (1, 8, 32)
 # About 14 s of generation per pass at batch 1 (run 2's one-second windows spread 20-30%).
@@ -82,7 +83,12 @@ SIZES = {
     # service=lab_realistic caps every server already (five share the GPU); one pass at batch 1
     # (each prompt once: about 10 s at 8B) keeps a call within the device's 10 minutes.
     "realistic": Size("lab_realistic", (), ("validation.repeats=1",)),
+    # The pair trained on the GPU (trained/train.py): as small as the tiny models to serve.
+    "trained": Size(
+        "lab", ("service.mem_fraction_static=0.8", "service.max_total_tokens=131072"), ()
+    ),
 }
+TRAINED = Path(__file__).with_name("trained")  # the trained size's pipeline
 
 
 @dataclass
@@ -145,6 +151,12 @@ class Lab:
         self.logs = root / "logs"
         self.env = {**os.environ, "DDTREE_LAB_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
         self.long_answers: list[str] = []  # answer_every_prompt() fills it, once installed
+        self.prompts = 0  # how many prompts the validation set holds (answer_every_prompt)
+        # The trained pair's own prompt set (held-out text): a config option under this folder.
+        self.conf = root / "conf"
+        self.validation = ["validation=lab"]
+        if size == "trained":
+            self.validation = [f"hydra.searchpath=[file://{self.conf}]", "validation=lab_trained"]
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -181,34 +193,48 @@ class Lab:
 
     def write_models(self, kinds: Sequence[str]) -> None:
         """The models of this size for `kinds`, unless an earlier call on this root wrote them
-        (realistic ones on the GPU: a minute for the 8B target)."""
+        (realistic ones on the GPU: a minute for the 8B target; the trained pair: trained here,
+        minutes, its prompt set written as a validation option)."""
         models = self.root / "models"
+        python = str(self.venv / "bin" / "python")
         for kind in kinds:
             done = models / self.size_name / f"{kind}.written"
-            if not done.exists():
-                began = time.monotonic()
-                _run([str(self.venv / "bin" / "python"), str(Path(__file__).with_name("models.py")),
-                      str(models), self.size_name, kind])  # fmt: skip
-                print(
-                    f"> {self.size_name} {kind} models: {time.monotonic() - began:.0f} s",
-                    flush=True,
-                )
-                done.write_text("ok\n")
+            if done.exists():
+                continue
+            began = time.monotonic()
+            if self.size_name == "trained":
+                where = models / "trained" / kind
+                _run([python, str(TRAINED / "train.py"), str(where)], stream=True)
+                prompts = json.loads((where / "prompts.json").read_text())
+                option = self.conf / "validation" / "lab_trained.yaml"
+                option.parent.mkdir(parents=True, exist_ok=True)
+                option.write_text(trained_validation(prompts))
+            else:
+                _run([python, str(Path(__file__).with_name("models.py")), str(models),
+                      self.size_name, kind])  # fmt: skip
+            print(f"> {self.size_name} {kind} models: {time.monotonic() - began:.0f} s", flush=True)
+            done.write_text("ok\n")
 
     @property
-    def prompts(self) -> int:
-        """How many prompts the validation set holds."""
-        return len(self.long_answers)
+    def training_record(self) -> Path:
+        """training.json of the trained pair (trained/train.py wrote it)."""
+        return self.root / "models" / "trained" / "attention" / "training.json"
 
     def answer_every_prompt(self) -> None:
-        """LONG_ANSWER new tokens for every prompt of the validation set the lab composes."""
-        self.long_answers = long_answers(str(self.venv / "bin" / "python"), self._argv([])[1:])
+        """LONG_ANSWER new tokens for every prompt of the validation set the lab composes; the
+        trained pair's prompts keep their own lengths (within what it was trained on)."""
+        python = str(self.venv / "bin" / "python")
+        self.prompts = prompt_count(python, self._argv([])[1:])
+        if self.size_name != "trained":
+            self.long_answers = [
+                f"validation.prompts.{i}.max_new_tokens={LONG_ANSWER}" for i in range(self.prompts)
+            ]
 
     # -- the product ---------------------------------------------------------------------------
 
     def _argv(self, overrides: Sequence[str]) -> list[str]:
         """`ddtree-deploy` on the lab host with the lab's options, then `overrides`."""
-        lab = ["host=h200_lab", f"service={self.size.service}", "validation=lab",
+        lab = ["host=h200_lab", f"service={self.size.service}", *self.validation,
                f"rollout.runs_dir={self.runs}",
                f"sglang=v{self.release.split('.post')[0].replace('.', '_')}",
                f"sglang.version={self.release}"]  # fmt: skip
@@ -351,70 +377,142 @@ def planted_environment(env: dict[str, str], bug: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(path), "DDTREE_LAB_PLANTED_BUG": bug}
 
 
-def long_answers(python: str, overrides: Sequence[str]) -> list[str]:
-    """LONG_ANSWER new tokens for each prompt of the validation set `overrides` compose (the
-    product's own composition, in the venv of `python`), however many prompts it holds."""
+def prompt_count(python: str, overrides: Sequence[str]) -> int:
+    """How many prompts the validation set `overrides` compose holds (the product's own
+    composition, in the venv of `python`)."""
     code = ("import sys; from ddtree_deploy.config import compose_config; "
             "print(len(compose_config(sys.argv[1:]).validation.prompts))")  # fmt: skip
     # -P: not the checkout's ddtree_deploy/ (the cwd), whose conf/ is mapped only when installed.
-    count = int(_run([python, "-P", "-c", code, *overrides]))
-    return [f"validation.prompts.{i}.max_new_tokens={LONG_ANSWER}" for i in range(count)]
+    return int(_run([python, "-P", "-c", code, *overrides]))
 
 
-def judge(
-    lab: Lab, cell: Cell, name: str, overrides: list[str], labels: dict[str, list[str]], log: Path
-) -> None:
-    """The cell's validate passes against its server, once healthy; for a planted cell, whether
-    its server log shows the plant in place (a plant that failed would pass as a missed bug)."""
-    if cell.start_error is not None:
-        print(f"> {name}: server did not start: {cell.start_error[-300:]}", flush=True)
-        return
-    for label, more in labels.items():
-        step = lab.tool(f"validate-{name}-{label}", *overrides, *more, "action=validate")
-        cell.runs[label] = summarize(step.report(lab.runs), step.exit_code)
-    if cell.planted:
-        cell.plant_seen = PLANT_MARKER in log.read_text(errors="replace")
+def trained_validation(prompts: list[dict[str, Any]]) -> str:
+    """The trained pair's validation option: the lab's gates at the product's own speed floor
+    (a trained drafter is what min_speedup is for), on the held-out prompts training wrote."""
+    option = {
+        "defaults": ["lab", "_self_"],
+        "min_speedup": 1.05,
+        "prompts": [{k: p[k] for k in ("name", "kind", "text", "max_new_tokens")} for p in prompts],
+    }
+    return (
+        "# Written by tests/gpulab/run.py from the trained pair's prompts.json.\n"
+        + yaml.safe_dump(option, sort_keys=False)
+    )
+
+
+def pass_labels(batch1: Sequence[str], in_flight: Sequence[int], prompts: int, *, batched: bool
+                ) -> dict[str, list[str]]:  # fmt: skip
+    """A cell's validate passes: batch 1, then (when it runs batched) one per level in flight,
+    at least 4 passes over the prompts and at least `level` requests each."""
+    labels = {"batch1": list(batch1)}
+    for level in in_flight if batched else ():
+        repeats = max(4, -(-level // prompts))
+        labels[f"c{level}"] = [f"validation.concurrency={level}", f"validation.repeats={repeats}"]
+    return labels
+
+
+@dataclass
+class TargetCells:
+    """One target's cells and what serves and judges each: names, overrides, environments,
+    validate passes (label -> overrides), index for index."""
+
+    cells: list[Cell]
+    names: list[str]
+    overrides: list[list[str]]
+    environments: list[dict[str, str] | None]
+    labels: list[dict[str, list[str]]]
+
+    def launch(self, lab: Lab, i: int) -> Server:
+        return lab.start(self.names[i], self.overrides[i], self.environments[i])
+
+    def wait(self, lab: Lab, i: int, server: Server) -> None:
+        cell = self.cells[i]
+        cell.start_s, cell.start_error = lab.wait(server)
+        if cell.start_error is not None:
+            print(f"> {self.names[i]}: server did not start: {cell.start_error[-300:]}", flush=True)
+
+    def judge(self, lab: Lab, i: int, label: str) -> None:
+        """One validate pass of cell i against its server, once healthy."""
+        cell = self.cells[i]
+        if cell.start_error is None:
+            name = f"validate-{self.names[i]}-{label}"
+            step = lab.tool(name, *self.overrides[i], *self.labels[i][label], "action=validate")
+            cell.runs[label] = summarize(step.report(lab.runs), step.exit_code)
+
+    def finish(self, i: int, server: Server) -> None:
+        """A planted cell: whether its server log shows the plant in place (a plant that failed
+        would pass as a missed bug)."""
+        if self.cells[i].planted:
+            self.cells[i].plant_seen = PLANT_MARKER in server.log.read_text(errors="replace")
 
 
 def run_cells(
-    lab: Lab, target: str, specs: list[CellSpec], base: list[str], *, together: bool = False
-) -> Iterator[Cell]:
-    """Serve each cell and run its validate passes (batch 1, then batched if it asks), in order
-    (DFLASH first: its passes store the baselines). One server at a time, or with `together`
-    all at once on their own ports (the size's shared-GPU overrides), which saves the starts;
-    the passes still run one after another."""
+    lab: Lab,
+    target: str,
+    specs: list[CellSpec],
+    base: list[str],
+    cells: list[Cell],
+    save: Callable[[], None],
+    *,
+    together: bool = False,
+    in_flight: Sequence[int] = (int(IN_FLIGHT),),
+) -> None:
+    """Serve each cell and run its validate passes, adding the cells to `cells` (`save` after
+    each pass). One server at a time, each cell's passes in turn (DFLASH first: its passes
+    store the baselines); or with `together` all at once on their own ports (the size's
+    shared-GPU overrides), which saves the starts, and the passes interleaved: every cell at
+    batch 1, then every cell at each level in flight, so the speeds compared at one level are
+    measured minutes apart at most."""
     size = lab.size_name
-    cells = [Cell(target, spec.algo, list(spec.width), planted=spec.planted) for spec in specs]
     overrides = [cell_overrides(target, size, spec.algo, [*base, *spec.width]) for spec in specs]
     if together:
         overrides = [
             [*o, *lab.size.shared_gpu, f"service.port={30000 + i}"] for i, o in enumerate(overrides)
         ]
-    names = ["-".join([target, spec.key]) for spec in specs]
-    environments = [planted_environment(lab.env, s.planted) if s.planted else None for s in specs]
-    labels = [{"batch1": list(lab.size.batch1), **({"batched": list(BATCHED)} if s.batched else {})}
-              for s in specs]  # fmt: skip
-    started: dict[int, Server] = {}
+    plan = TargetCells(
+        cells=[Cell(target, spec.algo, list(spec.width), planted=spec.planted) for spec in specs],
+        names=["-".join([target, spec.key]) for spec in specs],
+        overrides=overrides,
+        environments=[planted_environment(lab.env, s.planted) if s.planted else None for s in specs],
+        labels=[pass_labels(lab.size.batch1, in_flight, lab.prompts, batched=s.batched) for s in specs],
+    )  # fmt: skip
+    cells.extend(plan.cells)
+    (serve_together if together else serve_in_turn)(lab, plan, save)
+    save()
 
-    def launch(i: int) -> None:
-        started[i] = lab.start(names[i], overrides[i], environments[i])
 
+def serve_in_turn(lab: Lab, plan: TargetCells, save: Callable[[], None]) -> None:
+    """Each cell's server on its own, its passes, then the next cell."""
+    for i in range(len(plan.cells)):
+        server = plan.launch(lab, i)
+        try:
+            plan.wait(lab, i, server)
+            for label in plan.labels[i]:
+                plan.judge(lab, i, label)
+                save()
+            plan.finish(i, server)
+        finally:
+            lab.stop(server)
+
+
+def serve_together(lab: Lab, plan: TargetCells, save: Callable[[], None]) -> None:
+    """Every cell's server at once (all started, then waited on: true start times), then the
+    passes label by label across the cells."""
+    servers: list[Server] = []
     try:
-        if together:
-            for i in range(len(specs)):
-                launch(i)
-            for i, cell in enumerate(cells):  # all healthy first: true start times
-                cell.start_s, cell.start_error = lab.wait(started[i])
-        for i, cell in enumerate(cells):
-            if not together:
-                launch(i)
-                cell.start_s, cell.start_error = lab.wait(started[i])
-            judge(lab, cell, names[i], overrides[i], labels[i], started[i].log)
-            if not together:
-                lab.stop(started.pop(i))
-            yield cell
+        servers = [plan.launch(lab, i) for i in range(len(plan.cells))]
+        for i, server in enumerate(servers):
+            plan.wait(lab, i, server)
+        order = dict.fromkeys(label for labels in plan.labels for label in labels)
+        for label in order:
+            for i in range(len(plan.cells)):
+                if label in plan.labels[i]:
+                    plan.judge(lab, i, label)
+                    save()
+        for i, server in enumerate(servers):
+            plan.finish(i, server)
     finally:
-        for server in started.values():
+        for server in servers:
             lab.stop(server)
 
 
@@ -512,7 +610,13 @@ def run_tune(
     return report
 
 
-def _run(argv: list[str]) -> str:
+def _run(argv: list[str], *, stream: bool = False) -> str:
+    """Run a setup command; its output, or exit the lab with its error. `stream` passes its
+    output through as it comes (a long stage shows progress) and returns none."""
+    if stream:
+        if subprocess.run(argv).returncode != 0:
+            raise SystemExit(f"lab setup failed: {' '.join(argv[:4])}... (its output is above)")
+        return ""
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"lab setup failed: {' '.join(argv[:4])}...: {proc.stderr[-2000:]}")
@@ -556,7 +660,14 @@ def main() -> int:
     parser.add_argument(
         "--together", default="", help="targets whose cells are served at once, e.g. attention"
     )
+    parser.add_argument("--in-flight", default=IN_FLIGHT,
+                        help="the batched passes' requests in flight, e.g. 8,32")  # fmt: skip
+    parser.add_argument("--models-only", action="store_true",
+                        help="install, run --steps and write (or train) the models, then stop")  # fmt: skip
     args = parser.parse_args()
+    targets = ["attention"] if args.overhead or args.tune else args.targets.split(",")
+    if args.size == "trained" and targets != ["attention"]:
+        parser.error("--size trained has one target: give --targets attention")
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
@@ -567,13 +678,15 @@ def main() -> int:
     print(f"> installing the bundle (SGLang {release}) and the checkout", flush=True)
     reused = lab.install(args.bundle, reuse=args.reuse)
     lab.stop_stale()
+    lab.write_models(targets)  # first: the trained pair's prompt set is part of the config
     lab.answer_every_prompt()
     actions = args.steps or ("plan" if reused else "plan,patch,audit,build-kernels")
     steps = [lab.tool(action, f"action={action}") for action in actions.split(",")]
-    lab.write_models(["attention"] if args.overhead or args.tune else args.targets.split(","))
     results: dict[str, Any] = {"release": release, "size": args.size,
                                "steps": [asdict(s) for s in steps],
                                "cells": [], "overhead": [], "tune": None}  # fmt: skip
+    if lab.training_record.exists():  # what training measured, beside what serving measures
+        results["training"] = json.loads(lab.training_record.read_text())
     cells: list[Cell] = []
 
     def save() -> None:
@@ -586,7 +699,9 @@ def main() -> int:
             archive.add(lab.logs, "logs")
             archive.add(lab.runs, "runs")
 
-    if args.overhead:
+    if args.models_only:
+        pass
+    elif args.overhead:
         run_overhead(lab, args.overhead, base, results["overhead"], save)
     elif args.tune:
         results["tune_sweep"] = []
@@ -609,10 +724,10 @@ def run_matrix(
     budgets = [b for b in args.budgets.split(",") if b]
     specs = plan_cells(args.algos.split(","), budgets, planted=args.planted_bug, batched=batched)
     together = set(args.together.split(",")) if args.together else set()
+    in_flight = [int(level) for level in args.in_flight.split(",") if level]
     for target in args.targets.split(","):
-        for cell in run_cells(lab, target, specs, base, together=target in together):
-            cells.append(cell)
-            save()
+        run_cells(lab, target, specs, base, cells, save, together=target in together,
+                  in_flight=in_flight)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -17,14 +17,17 @@ from run import (
     PLANT_MARKER,
     PLANTED_BUG,
     SIZES,
+    Cell,
     Lab,
     Server,
     StepRun,
     cell_overrides,
-    long_answers,
+    pass_labels,
     plan_cells,
     planted_environment,
+    prompt_count,
     run_cells,
+    trained_validation,
 )
 
 from ddtree_deploy.config import compose_config
@@ -62,16 +65,56 @@ def test_the_planted_servers_environment_plants_the_bug() -> None:
     assert f"{PLANT_MARKER} {PLANTED_BUG} installed" in started.stderr
 
 
-def test_every_prompt_of_the_composed_set_answers_long() -> None:
-    overrides = [*LAB, "service=lab"]
-    answers = long_answers(sys.executable, overrides)
-    prompts = compose_config([*overrides, *answers]).validation.prompts
-    assert len(answers) == len(prompts) >= 4
+def test_every_prompt_of_the_composed_set_answers_long(tmp_path: Path) -> None:
+    lab = _Lab(tmp_path, size="tiny")
+    lab.venv = Path(sys.executable).parent.parent  # this venv holds ddtree-deploy
+    lab.answer_every_prompt()
+    prompts = compose_config(lab._argv([])[1:]).validation.prompts
+    assert lab.prompts == len(lab.long_answers) == len(prompts) >= 8
     assert {p.max_new_tokens for p in prompts} == {LONG_ANSWER}
 
 
-@pytest.mark.parametrize("size", sorted(SIZES))
-@pytest.mark.parametrize("target", ["attention", "hybrid"])
+def test_the_trained_pairs_prompts_become_its_validation_option_at_their_own_lengths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DDTREE_LAB_ROOT", str(tmp_path))  # the model paths compose_config reads
+    held_out = [
+        {"name": f"held-out-{i}", "kind": "code", "text": f"def f{i}(x):\n    return {{'k': [x]}}",
+         "max_new_tokens": 100 + i, "source": "ignored"}
+        for i in range(3)
+    ]  # fmt: skip
+    lab = _Lab(tmp_path, size="trained")
+    option = lab.conf / "validation" / "lab_trained.yaml"
+    option.parent.mkdir(parents=True)
+    option.write_text(trained_validation(held_out))
+    lab.venv = Path(sys.executable).parent.parent
+    lab.answer_every_prompt()
+    cfg = compose_config(lab._argv(["model=lab_attention_trained"])[1:])
+    assert lab.prompts == prompt_count(sys.executable, lab._argv([])[1:]) == 3
+    assert lab.long_answers == []  # the trained pair answers within what it was trained on
+    assert [(p.name, p.text, p.max_new_tokens) for p in cfg.validation.prompts] == [
+        (p["name"], p["text"], p["max_new_tokens"]) for p in held_out
+    ]
+    assert cfg.validation.min_speedup == 1.05  # the product's own floor, not the lab's 0.01
+    assert cfg.model.target_path == f"{tmp_path}/models/trained/attention/target"
+
+
+def test_batched_passes_keep_every_level_in_flight_for_at_least_four_passes() -> None:
+    labels = pass_labels(["validation.repeats=1"], [8, 32], 16, batched=True)
+    assert labels == {
+        "batch1": ["validation.repeats=1"],
+        "c8": ["validation.concurrency=8", "validation.repeats=4"],
+        "c32": ["validation.concurrency=32", "validation.repeats=4"],
+    }
+    assert pass_labels([], [64], 8, batched=True)["c64"][1] == "validation.repeats=8"
+    assert list(pass_labels([], [8, 32], 16, batched=False)) == ["batch1"]
+
+
+@pytest.mark.parametrize(
+    ("size", "target"),
+    [(size, target) for size in sorted(SIZES)
+     for target in (["attention"] if size == "trained" else ["attention", "hybrid"])],
+)  # fmt: skip
 def test_every_size_composes_on_the_lab_host(size: str, target: str) -> None:
     service = f"service={SIZES[size].service}"
     overrides = cell_overrides(target, size, "ddtree", ["algo.budget=63"])
@@ -85,8 +128,9 @@ class _Lab(Lab):
     """The lab with its servers and `ddtree-deploy` calls recorded instead of run; a server
     started with the plant says so in its log, as plant/sitecustomize.py does."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root, root / "out", "0.5.11", "realistic")
+    def __init__(self, root: Path, size: str = "realistic") -> None:
+        super().__init__(root, root / "out", "0.5.11", size)
+        self.env["DDTREE_LAB_ROOT"] = str(root)
         self.logs.mkdir(parents=True)
         self.environments: dict[str, dict[str, str] | None] = {}
         self.calls: list[tuple[str, tuple[str, ...]]] = []
@@ -112,16 +156,20 @@ class _Lab(Lab):
 
 def test_cells_run_their_passes_and_the_planted_one_its_plant(tmp_path: Path) -> None:
     lab = _Lab(tmp_path)
+    lab.prompts = 8
     specs = plan_cells(ALGOS, ["15", "63"], planted=True, batched={"ddtree-15"})
-    cells = list(run_cells(lab, "attention", specs, [], together=True))
-    assert [sorted(c.runs) for c in cells] == [
-        ["batch1", "batched"], ["batch1"], ["batch1", "batched"], ["batch1"], ["batch1"],
+    cells: list[Cell] = []
+    run_cells(lab, "attention", specs, [], cells, lambda: None, together=True, in_flight=[8, 32])
+    assert [list(c.runs) for c in cells] == [
+        ["batch1", "c8", "c32"], ["batch1"], ["batch1", "c8", "c32"], ["batch1"], ["batch1"],
     ]  # fmt: skip
-    (first, first_overrides), (second, _) = lab.calls[:2]
-    assert (first, second) == (
-        "validate-attention-dflash-batch1",
-        "validate-attention-dflash-batched",
-    )
+    # Together: every cell at batch 1 first, then every batched cell at each level, DFLASH first.
+    names = [name for name, _ in lab.calls]
+    assert names[:5] == [f"validate-attention-{key}-batch1" for key in
+                         ("dflash", "ddtree_shadow", "ddtree-15", "ddtree-63", "planted")]  # fmt: skip
+    assert names[5:] == ["validate-attention-dflash-c8", "validate-attention-ddtree-15-c8",
+                         "validate-attention-dflash-c32", "validate-attention-ddtree-15-c32"]  # fmt: skip
+    first_overrides = lab.calls[0][1]
     assert "validation.repeats=1" in first_overrides  # the realistic size's one pass at batch 1
     planted = lab.environments["attention-planted"]
     assert planted is not None and planted["DDTREE_LAB_PLANTED_BUG"] == PLANTED_BUG
