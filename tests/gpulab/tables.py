@@ -48,6 +48,8 @@ def render_table(results: dict[str, Any]) -> str:
     lines += [f"| {s['name']} | {s['exit_code']} | {s['wall_s']} |" for s in results["steps"]]
     if results["cells"]:
         lines += ["", *matrix_table(results["cells"])]
+        if results.get("training"):
+            lines += ["", *speed_table(results["cells"], results["training"])]
     if results.get("overhead"):
         lines += ["", *overhead_table(results["overhead"])]
     if results.get("tune"):
@@ -83,6 +85,34 @@ def matrix_table(cells: list[dict[str, Any]]) -> list[str]:
                 f"| {gaps} | {run.get('accept_length')} | {run.get('tokens_per_s')} | {run.get('step_ms')} "
                 f"| {note} |"
             )  # fmt: skip
+    return lines
+
+
+def speed_table(cells: list[dict[str, Any]], training: dict[str, Any]) -> list[str]:
+    """The trained pair's speeds: per served cell and level in flight, acceptance and tok/s and
+    tok/s over DFLASH's at that level; above it, the acceptance training predicted for DFLASH on
+    the same held-out prompts beside the one SGLang reported (train and serve agree, or the
+    figures below are a bug's)."""
+    dflash = next((c for c in cells if c["algo"] == "dflash" and not c.get("planted")), None)
+    served = (dflash or {}).get("runs", {}).get("batch1", {}).get("accept_length")
+    predicted = training.get("predicted_accept_length")
+    lines = [f"Acceptance of DFLASH on the held-out prompts: predicted by training {predicted}, "
+             f"served at batch 1 {served}" + (f" (served / predicted {served / predicted:.3f})"
+                                             if served and predicted else ""), ""]  # fmt: skip
+    levels = list(dict.fromkeys(label for c in cells for label in c.get("runs", {})))
+    lines += ["| algo | " + " | ".join(f"{lv}: accept, tok/s, x DFLASH" for lv in levels) + " |",
+              "|---|" + "---|" * len(levels)]  # fmt: skip
+    for cell in cells:
+        if cell.get("planted") or cell.get("start_error"):
+            continue
+        row = [" ".join([cell["algo"], *[e.split("=")[-1] for e in cell.get("extra", [])]])]
+        for level in levels:
+            run = cell["runs"].get(level) or {}
+            base = ((dflash or {}).get("runs", {}).get(level) or {}).get("tokens_per_s")
+            tps = run.get("tokens_per_s")
+            ratio = f"{tps / base:.3f}" if tps and base else "-"
+            row.append(f"{run.get('accept_length', '-')}, {tps or '-'}, {ratio}")
+        lines.append("| " + " | ".join(row) + " |")
     return lines
 
 

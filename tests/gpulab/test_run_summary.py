@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from gpulab.tables import matrix_table, overhead_table, render_table, summarize
+from gpulab.tables import matrix_table, overhead_table, render_table, speed_table, summarize
 
 RECORDED = Path(__file__).with_name("recorded")
 
@@ -117,3 +118,29 @@ def test_table_shows_the_tie_rule_s_gaps() -> None:
     cell = {"target": "attention", "algo": "ddtree", "start_s": 30.0, "start_error": None,
             "runs": {"batch1": run}}  # fmt: skip
     assert "| code-python@21 (0.0530) | 2 | 0.061 (0.02) |" in matrix_table([cell])[2]
+
+
+def test_speed_table_sets_each_cell_beside_dflash_at_the_same_level() -> None:
+    def cell(algo: str, extra: list[str], runs: dict[str, tuple[float, float]]) -> dict[str, Any]:
+        return {"target": "attention", "algo": algo, "extra": extra, "start_s": 9.0,
+                "start_error": None, "planted": None,
+                "runs": {k: {"accept_length": a, "tokens_per_s": t, "gates": {}, "exit": 0}
+                         for k, (a, t) in runs.items()}}  # fmt: skip
+
+    cells = [
+        cell("dflash", [], {"batch1": (4.0, 800.0), "c8": (3.9, 3000.0)}),
+        cell("ddtree", ["algo.budget=31"], {"batch1": (5.2, 960.0), "c8": (5.0, 2700.0)}),
+    ]
+    lines = speed_table(cells, {"predicted_accept_length": 4.1})
+    assert lines[0].startswith("Acceptance of DFLASH on the held-out prompts: predicted by "
+                               "training 4.1, served at batch 1 4.0 (served / predicted 0.976)")  # fmt: skip
+    assert lines[-1] == "| ddtree 31 | 5.2, 960.0, 1.200 | 5.0, 2700.0, 0.900 |"
+    assert "speed" not in render_table({"release": "0.5.11", "steps": [], "cells": cells})
+    assert lines[0] in render_table(
+        {
+            "release": "0.5.11",
+            "steps": [],
+            "cells": cells,
+            "training": {"predicted_accept_length": 4.1},
+        }
+    )
