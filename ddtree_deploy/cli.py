@@ -203,11 +203,17 @@ def _progress(record: dict[str, object]) -> None:
 
 
 def _run_dir(cfg: DeployConfig) -> Path:
+    """A new folder for this run: the stamp, host and action, then -1, -2... when runs started
+    in the same second; claimed by mkdir itself, so runs started at once never share one."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = Path(cfg.rollout.runs_dir) / f"{stamp}-{cfg.host.name}-{cfg.action}"
+    runs = Path(cfg.rollout.runs_dir)
+    runs.mkdir(parents=True, exist_ok=True)
+    name = f"{stamp}-{cfg.host.name}-{cfg.action}"
     suffix = 0
-    while path.exists():
-        suffix += 1
-        path = path.with_name(f"{stamp}-{cfg.host.name}-{cfg.action}-{suffix}")
-    path.mkdir(parents=True)
-    return path
+    while True:
+        path = runs / (f"{name}-{suffix}" if suffix else name)
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            suffix += 1

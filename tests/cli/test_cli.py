@@ -8,12 +8,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from staging import require_staging_venv
 
-from ddtree_deploy.cli import main
+from ddtree_deploy.cli import _run_dir, main
+from ddtree_deploy.config import compose_config
 from ddtree_deploy.patching.manifest import select_patch_set
 
 SCRIPT = shutil.which("ddtree-deploy", path=str(Path(sys.executable).parent))
@@ -123,3 +125,22 @@ def test_installed_script_status_on_the_staging_host_reports_patches_and_kernels
     assert done.stdout.strip().splitlines()[-1] == (
         "No service is managed on local (host.systemd=false): deploys patch SGLang and install the kernels there, and only render and lint the unit."
     )
+
+
+def test_runs_started_in_the_same_second_each_get_their_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs started at once (the test script prepares releases three at a time) race between
+    seeing a name free and creating it. Each must still get a folder of its own: here every
+    name looks free, as it does to a run that looked just before another created it."""
+    cfg = compose_config([f"rollout.runs_dir={tmp_path}", "action=prepare"])
+    monkeypatch.setattr(time, "strftime", lambda _format: "20261203-091646")
+    first = _run_dir(cfg)
+    monkeypatch.setattr(Path, "exists", lambda self: False)
+    later = [_run_dir(cfg) for _ in range(2)]
+    assert [f.name for f in [first, *later]] == [
+        "20261203-091646-local-prepare",
+        "20261203-091646-local-prepare-1",
+        "20261203-091646-local-prepare-2",
+    ]
+    assert all(f.is_dir() for f in [first, *later])

@@ -27,6 +27,7 @@ from ddtree_deploy.config import DeployConfig, compose_config
 from ddtree_deploy.hosts.ssh import SshHost
 
 API_KEY = "standin-test-key-7f3a"
+STANDIN_CONF = Path(__file__).resolve().parent / "conf"  # the validation=standin option
 
 
 def _skip_or_fail(reason: str) -> None:
@@ -167,6 +168,9 @@ class StandinLab:
             "validation.server_info={timeout_s: 30, interval_s: 0.5, initial_delay_s: 0}",
             "validation.health_generate={timeout_s: 30, interval_s: 0.5, initial_delay_s: 0}",
             f"rollout.runs_dir={runs_dir}",
+            # The stand-in tests' shorter prompt set (conf/validation/standin.yaml says why).
+            f"hydra.searchpath=[file://{STANDIN_CONF}]",
+            "validation=standin",
         ]
 
     def config(self, name: str, tmp_path: Path, port: int, *extra: str) -> DeployConfig:
