@@ -130,8 +130,8 @@ def test_installed_script_status_on_the_staging_host_reports_patches_and_kernels
 def test_runs_started_in_the_same_second_each_get_their_own_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Runs started at once (the test script prepares releases three at a time) race between
-    seeing a name free and creating it. Each must still get a folder of its own: here every
+    """Runs started at once from one control machine (two hosts deployed side by side) race
+    between seeing a name free and creating it. Each must still get a folder of its own: here every
     name looks free, as it does to a run that looked just before another created it."""
     cfg = compose_config([f"rollout.runs_dir={tmp_path}", "action=prepare"])
     monkeypatch.setattr(time, "strftime", lambda _format: "20261203-091646")
