@@ -46,8 +46,12 @@ class PromptAcceptance:
     """One prompt's predicted walk."""
 
     name: str
-    generated: int  # tokens of the greedy continuation walked (cut after EOS)
+    answer: list[int]  # the greedy continuation walked (cut after EOS)
     steps: int
+
+    @property
+    def generated(self) -> int:
+        return len(self.answer)
 
     @property
     def mean(self) -> float:
@@ -90,7 +94,7 @@ def predict(
         sequence = torch.tensor(ids + generated, device=device)
         with autocast(device):
             drafts = block_drafts(drafter, target, sequence, len(ids)).cpu().tolist()
-        results.append(PromptAcceptance(name, len(generated), len(walk(drafts, generated))))
+        results.append(PromptAcceptance(name, generated, len(walk(drafts, generated))))
     return results
 
 

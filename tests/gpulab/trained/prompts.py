@@ -36,7 +36,11 @@ class Prompt:
 
 
 def _prompt_from(doc: Doc, tokenizer: Tokenizer, low: int, high: int) -> Prompt | None:
-    """The doc's first fitting prompt, or None when no start line gives one."""
+    """The doc's first fitting prompt, or None when no start line gives one.
+
+    A prompt ends on a line that opens a block (ends with ':'), so code must follow: a prompt
+    that looks like a file's end would let the target answer EOS at once.
+    """
     lines = doc.text.splitlines(keepends=True)
     for start in range(len(lines) // 4, len(lines)):
         if not lines[start].startswith(STARTS):
@@ -44,11 +48,13 @@ def _prompt_from(doc: Doc, tokenizer: Tokenizer, low: int, high: int) -> Prompt 
         text = ""
         for line in lines[start:]:
             text += line
+            if not line.rstrip().endswith(":"):
+                continue
             ids = tokenizer.encode(text).ids
-            if len(ids) >= low:
-                if len(ids) <= high:
-                    return Prompt(f"{doc.name}:{start + 1}", text, ids)
+            if len(ids) > high:
                 break
+            if len(ids) >= low:
+                return Prompt(f"{doc.name}:{start + 1}", text, ids)
     return None
 
 

@@ -17,7 +17,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -75,7 +75,14 @@ def run(out: Path, sizes: Sizes, seed: int, device: torch.device) -> dict[str, o
     random.seed(seed)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    record: dict[str, object] = {"seed": seed, "device": str(device), "sizes": asdict(sizes)}
+    import transformers
+
+    record: dict[str, object] = {
+        "seed": seed,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "sizes": asdict(sizes),
+    }
     seconds: dict[str, float] = {}
     started = stage = time.monotonic()
 
@@ -162,12 +169,28 @@ def run(out: Path, sizes: Sizes, seed: int, device: torch.device) -> dict[str, o
         drafter, model, [(p.name, p.ids) for p in prompts], sizes.max_new_tokens, device
     )
     seconds["acceptance"] = round(time.monotonic() - stage, 2)
-    record["acceptance"] = {"block_size": sizes.block_size, **acceptance.summary(results)}
+    record["acceptance"] = {
+        "block_size": sizes.block_size,
+        **acceptance.summary(results),
+        "first_answer": bpe.decode(results[0].answer),
+    }
     record["seconds"] = {**seconds, "total": round(time.monotonic() - started, 2)}
     _say(
         "accept", started, f"predicted DFLASH accept len {record['acceptance']['mean_accept_len']}"
     )
     return record
+
+
+def override(sizes: Sizes, assignments: list[str]) -> Sizes:
+    """sizes with FIELD=VALUE assignments applied (values parsed as JSON: 3, 1e-3, [1,4,6])."""
+    changes: dict[str, object] = {}
+    for assignment in assignments:
+        name, _, value = assignment.partition("=")
+        if name not in {field.name for field in fields(Sizes)}:
+            raise SystemExit(f"--set {assignment}: Sizes has no field {name!r}")
+        parsed = json.loads(value)
+        changes[name] = tuple(parsed) if isinstance(parsed, list) else parsed
+    return replace(sizes, **changes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,10 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--toy", action="store_true", help="tiny sizes for a CPU (tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override one Sizes field (experiments; training.json records the sizes used)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
-    record = run(args.out, TOY if args.toy else DEFAULT, args.seed, device)
+    record = run(args.out, override(TOY if args.toy else DEFAULT, args.set), args.seed, device)
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
