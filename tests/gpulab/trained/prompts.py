@@ -38,8 +38,8 @@ class Prompt:
 def _prompt_from(doc: Doc, tokenizer: Tokenizer, low: int, high: int) -> Prompt | None:
     """The doc's first fitting prompt, or None when no start line gives one.
 
-    A prompt ends on a line that opens a block (ends with ':'), so code must follow: a prompt
-    that looks like a file's end would let the target answer EOS at once.
+    A prompt ends on a line that opens a block (ends with ':'), without its newline, so code
+    must follow: a prompt that looks like a file's end would let the target answer EOS at once.
     """
     lines = doc.text.splitlines(keepends=True)
     for start in range(len(lines) // 4, len(lines)):
@@ -54,7 +54,10 @@ def _prompt_from(doc: Doc, tokenizer: Tokenizer, low: int, high: int) -> Prompt 
             if len(ids) > high:
                 break
             if len(ids) >= low:
-                return Prompt(f"{doc.name}:{start + 1}", text, ids)
+                # Without its newline: a bare "\n" token ends files in training (EOS follows),
+                # while inside code BPE merges the newline with the next line's indentation.
+                text = text.rstrip("\n")
+                return Prompt(f"{doc.name}:{start + 1}", text, tokenizer.encode(text).ids)
     return None
 
 
