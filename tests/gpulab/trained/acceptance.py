@@ -19,7 +19,7 @@ import torch
 from gpulab.trained.blocks import build_blocks
 from gpulab.trained.drafter import Drafter
 from gpulab.trained.generate import greedy_answers, target_features
-from gpulab.trained.target import autocast
+from gpulab.trained.loop import autocast
 from gpulab.trained.tokenizer import EOS_ID
 
 

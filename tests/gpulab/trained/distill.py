@@ -17,9 +17,8 @@ import torch.nn.functional as F
 from gpulab.trained.blocks import build_blocks, decay_weights, sample_anchors
 from gpulab.trained.drafter import Drafter
 from gpulab.trained.generate import target_features
-from gpulab.trained.loop import StageRecord, lr_at
+from gpulab.trained.loop import StageRecord, autocast, lr_at
 from gpulab.trained.sizes import Sizes
-from gpulab.trained.target import autocast
 
 
 def block_loss(

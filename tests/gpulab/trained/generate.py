@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from gpulab.trained.target import autocast
+from gpulab.trained.loop import autocast
 
 
 @torch.inference_mode()

@@ -1,4 +1,4 @@
-"""What the two training loops share: the learning-rate schedule and the record of a stage.
+"""What the training loops share: autocast, the learning-rate schedule, a stage's record.
 
 A stage stops at its step count or at its wall-clock cap, whichever comes first; the record
 says which, so a capped run on a slow machine is visible in training.json, never silent.
@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+
+import torch
 
 WARMUP_FRACTION = 0.05
 FINAL_LR_FRACTION = 0.1
@@ -23,6 +25,11 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (
         FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress))
     )
+
+
+def autocast(device: torch.device) -> torch.autocast:
+    """bf16 autocast on CUDA; disabled on a CPU (float32 there is faster and exact)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
 @dataclass

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING
 
 from gpulab.trained.corpus import Doc
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 STARTS = ("def ", "class ", "async def ", "    def ")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gpulab.trained.loop import StageRecord, lr_at
+from gpulab.trained.loop import StageRecord, autocast, lr_at
 from gpulab.trained.sizes import Sizes
 from gpulab.trained.tokenizer import EOS_ID
 
@@ -59,11 +59,6 @@ def build_target(config: dict[str, Any]) -> torch.nn.Module:
     }
     model = Qwen3ForCausalLM(Qwen3Config(**fields, attn_implementation="sdpa"))
     return model.float()
-
-
-def autocast(device: torch.device) -> torch.autocast:
-    """bf16 autocast on CUDA; disabled on a CPU (float32 there is faster and exact)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
 def train_target(

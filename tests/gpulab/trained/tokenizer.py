@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+if TYPE_CHECKING:  # `tokenizers` is imported where it is used: CPU tests import this module
+    from tokenizers import Tokenizer
 
 EOS = "<|endoftext|>"
 MASK = "<|MASK|>"
@@ -24,6 +27,8 @@ MASK_ID = 1
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Learn byte-level BPE merges from texts; ids 0 and 1 are EOS and MASK."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
