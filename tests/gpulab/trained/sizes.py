@@ -33,7 +33,7 @@ class Sizes:
     target_lr: float
     target_cap_s: float
     # greedy continuations (the drafter's training data)
-    greedy_sequences: int
+    greedy_sequences: int  # at most one per training window (the H200's stdlib gives ~5400)
     greedy_prompt_len: int  # prompt tokens; the continuation fills the rest of seq_len
     greedy_batch: int
     greedy_cap_s: float

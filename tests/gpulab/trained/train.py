@@ -130,7 +130,8 @@ def run(out: Path, sizes: Sizes, seed: int, device: torch.device) -> dict[str, o
 
     stage = time.monotonic()
     prompt_len = sizes.greedy_prompt_len
-    rows = torch.randperm(len(windows), generator=generator)[: sizes.greedy_sequences]
+    wanted = min(sizes.greedy_sequences, len(windows))  # one prompt per training window at most
+    rows = torch.randperm(len(windows), generator=generator)[:wanted]
     sequences = greedy_continue(
         model,
         windows[rows, :prompt_len],
@@ -143,7 +144,7 @@ def run(out: Path, sizes: Sizes, seed: int, device: torch.device) -> dict[str, o
     new_tokens = len(sequences) * (sizes.seq_len - prompt_len)
     record["greedy"] = {
         "sequences": len(sequences),
-        "capped": len(sequences) < sizes.greedy_sequences,
+        "capped": len(sequences) < wanted,
         "new_tokens": new_tokens,
         "tokens_per_s": round(new_tokens / seconds["greedy"]) if seconds["greedy"] else None,
     }
