@@ -1,6 +1,6 @@
 """SGLang's own DFlash draft block on CPU: the serving side of the train-and-serve check (issue 23).
 
-Run by a staging venv's Python, never imported by pytest:
+Run by a staging venv's Python (0.5.11 or 0.5.14), never imported by pytest:
 
     python sglang_block.py CASE_DIR [CASE_DIR ...]
 
@@ -8,40 +8,54 @@ A CASE_DIR holds `draft/` (config.json, model.safetensors in SGLang's checkpoint
 `target_head.safetensors` (`embed` [V, H], `lm_head` [V, H]) and `inputs.safetensors` (`features`
 [S, K*H], the target features of context tokens at positions 0..S-1; `block_ids` [B], the anchor
 then mask ids, at positions S..S+B-1). The script writes `CASE_DIR/sglang_logits.safetensors`:
-`logits` [B, V] float32 and `draft_tokens` [B-1], the worker's own greedy pick for positions 1..B-1.
-All cases share one process, because importing SGLang takes most of the time.
+`logits` [B, V] float32, `draft_tokens` [B-1] (the worker's own greedy pick for positions
+1..B-1), and metadata naming the release, the worker class, the context path and the RoPE base
+the draft was built with. All cases share one process: importing SGLang takes ~16 s of it.
 
-What runs is SGLang's code, in float32 on CPU (`SGLANG_USE_CPU_ENGINE=1`, SGLang's CPU mode):
-the draft `ServerArgs`, a gloo group of one for tensor parallelism, `ModelConfig(is_draft_model=
-True)` reading config.json through transformers, `get_model` (the DefaultModelLoader, which calls
-`DFlashDraftModel.load_weights` on the safetensors), the target's `VocabParallelEmbedding` and
-`ParallelLMHead` loaded through their weight loaders, `DFlashDraftModel.project_target_hidden`,
-`DFlashWorker._append_target_hidden_sequential` (per layer k/v projection, k_norm, RoPE at the
-context positions, written into a real `MHATokenToKVPool`), `DFlashDraftModel.forward` (layers,
-RadixAttention with `AttentionType.ENCODER_ONLY`, final norm) and
-`DFlashWorker._greedy_sample_from_vocab_parallel_head`.
+**Runs for real** (float32, CPU, `SGLANG_USE_CPU_ENGINE=1`, which is SGLang's own CPU mode):
+`ServerArgs` made global; a gloo tensor-parallel group of one (`init_distributed_environment`,
+`initialize_model_parallel`); `ModelConfig(is_draft_model=True)`, which reads config.json through
+transformers, and `get_model` (the DefaultModelLoader, `DFlashDraftModel.__init__` with
+`parse_dflash_draft_config`, then `DFlashDraftModel.load_weights` on the safetensors); the
+target's `VocabParallelEmbedding` and `ParallelLMHead`, filled by their weight loaders; the
+worker's context path, `project_target_hidden` (fc, hidden_norm) then per layer `kv_proj_only`,
+`apply_k_norm`, `apply_k_rope` at positions 0..S-1 and `set_kv_buffer` into a real
+`MHATokenToKVPool` (0.5.11: `_append_target_hidden_sequential`, as `_append_target_hidden_to_draft_kv`
+calls it, dflash_worker.py l.962-1035; 0.5.14: `_append_target_hidden_to_draft_kv_by_loc`,
+dflash_worker_v2.py l.823-1000); `DFlashDraftModel.forward` (decoder layers, RadixAttention of
+type ENCODER_ONLY, final norm) on the target embedding of the block ids at positions S..S+B-1;
+and the worker's `_greedy_sample_from_vocab_parallel_head` on hidden positions 1..B-1.
 
-Replaced, because it cannot run on CPU, each by the same semantics:
-- The attention backend. The worker drafts with flashinfer, fa3, fa4 or triton (GPU only) in
-  `ForwardMode.TARGET_VERIFY`, where `seq_lens` is the prefix length and the backend adds the
-  block. Here SGLang's `TorchNativeAttnBackend` runs instead, which reads `seq_lens` as the whole
-  length, so the batch is `ForwardMode.EXTEND` with `seq_lens` S+B, `extend_prefix_lens` S and
-  `extend_seq_lens` B: the same keys (S context, then B block) and the same non-causal mask
-  (the backend drops the causal mask for ENCODER_ONLY, as flashinfer does).
-- The worker object, its allocator and its ForwardBatch plumbing (`_prepare_for_speculative_decoding`
-  needs a scheduler batch and a GPU model runner). Its two methods above are called unbound on a
-  stand-in holding only `draft_model` and `draft_model_runner.token_to_kv_pool`; the request's
-  cache slots are laid out here as the allocator would (context 1..S, block S+1..S+B; slot 0 is
-  SGLang's padding slot). The block ids are embedded with the target embedding, and positions are
-  S..S+B-1, as in `_prepare_for_speculative_decoding`.
+**Replaced**, each because it cannot run on CPU, by the same semantics:
+- The attention backend. The draft worker allows only flashinfer, fa3, fa4 or triton (GPU
+  kernels) and runs the block in `ForwardMode.TARGET_VERIFY`, where `seq_lens` is the prefix
+  length and the backend adds the block (0.5.11 dflash_worker.py l.638-655). SGLang's
+  `TorchNativeAttnBackend` runs here instead; it reads `seq_lens` as the whole length, so the
+  batch is `ForwardMode.EXTEND` with `seq_lens` S+B, `extend_prefix_lens` S and
+  `extend_seq_lens` B. The keys are the same (S context slots, then the B block slots written by
+  the forward itself) and so is the mask: the backend drops causality for ENCODER_ONLY
+  (torch_native_backend.py 0.5.11 l.220, 0.5.14 l.309), as flashinfer does (0.5.11 l.848-850).
+  From 0.5.14 on, RadixAttention finds the backend through a `ForwardContext`, which the model
+  runner publishes; this script publishes it the same way.
+- The worker object. Importing the worker module reaches the scheduler, which needs packages the
+  staging venvs lack (`setproctitle`, `sgl_kernel.kvcacheio`), and the worker's constructor needs
+  a GPU target. The methods named above are compiled from the wheel's own source text (the
+  module's top-level imports and assignments run one by one first) and bound to a stand-in that
+  holds only the attributes they read, with the fused (Triton) KV path off, as the worker falls
+  back to it. `_prepare_for_speculative_decoding` / `forward_batch_generation` themselves need a
+  scheduler batch, so this script does their part: block ids embedded with the target
+  embedding, positions S..S+B-1, cache slots laid out as the allocator would (context 1..S,
+  block S+1..S+B; slot 0 is SGLang's padding slot).
 - Full logits. The worker never materialises them: it takes a chunked argmax of
-  `hidden @ lm_head.weight[:vocab].T`. The script writes that product as the logits, and the
-  worker's own argmax beside it, so the test can check the two agree.
+  `hidden @ lm_head.weight[:vocab].T`. The script writes that product as the logits and the
+  worker's argmax beside it, so the test checks that the two agree.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
 import importlib.util
 import os
 import socket
@@ -51,8 +65,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # read by sglang.srt.utils at import
+# SGLang reads this at import time (sglang.srt.utils.is_cpu), so it comes before the imports.
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
+import sglang
 import torch
 from safetensors.torch import load_file, save_file
 from sglang.srt.configs.device_config import DeviceConfig
@@ -68,8 +84,8 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 
 DEVICE = "cpu"
 DTYPE = torch.float32
-# The worker's module per release line (spec v1 in 0.5.11, spec v2 from 0.5.14 on).
-WORKER_MODULES = ("sglang.srt.speculative.dflash_worker", "sglang.srt.speculative.dflash_worker_v2")
+# The worker's module: spec v2 (0.5.14 has only this one), else spec v1 (0.5.11 has only this one).
+WORKER_MODULES = ("sglang.srt.speculative.dflash_worker_v2", "sglang.srt.speculative.dflash_worker")
 WORKER_METHODS = (
     "_append_target_hidden_to_draft_kv_by_loc",
     "_append_target_hidden_sequential",
@@ -156,6 +172,16 @@ def load_target_head(path: Path) -> tuple[VocabParallelEmbedding, ParallelLMHead
     return embed, head
 
 
+def attention_context(backend: TorchNativeAttnBackend) -> contextlib.AbstractContextManager[Any]:
+    """What the model runner wraps a forward in: from 0.5.14 on, RadixAttention finds its
+    backend through a published ForwardContext; 0.5.11 reads it from the ForwardBatch."""
+    if importlib.util.find_spec("sglang.srt.model_executor.forward_context") is None:
+        return contextlib.nullcontext()
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    return forward_context(ForwardContext(attn_backend=backend))
+
+
 def stand_in_worker(model: torch.nn.Module, kv_pool: MHATokenToKVPool) -> Any:
     """An object with the wheel's worker methods and only the attributes they read."""
     worker_name, methods = worker_methods()
@@ -204,10 +230,13 @@ def run_case(draft_dir: Path, case_dir: Path) -> None:
             )
         else:  # spec v1: the two calls of `_append_target_hidden_to_draft_kv`
             ctx_hidden = model.project_target_hidden(features)
-            worker._append_target_hidden_sequential(
-                ctx_hidden, context_positions, slots[:context]
-            )
-        batch = ForwardBatch(
+            worker._append_target_hidden_sequential(ctx_hidden, context_positions, slots[:context])
+        runner = SimpleNamespace(
+            device=DEVICE, req_to_token_pool=req_to_token, token_to_kv_pool=kv_pool
+        )
+        backend = TorchNativeAttnBackend(runner)
+        fields = {field.name for field in dataclasses.fields(ForwardBatch)}
+        batch_fields = dict(
             forward_mode=ForwardMode.EXTEND,
             batch_size=1,
             input_ids=block_ids,
@@ -224,19 +253,34 @@ def run_case(draft_dir: Path, case_dir: Path) -> None:
             extend_prefix_lens_cpu=[context],
             req_to_token_pool=req_to_token,
             token_to_kv_pool=kv_pool,
-            attn_backend=TorchNativeAttnBackend(SimpleNamespace(device=DEVICE)),
+            attn_backend=backend,
             input_embeds=embed(block_ids),
         )
-        hidden = model(block_ids, batch.positions, batch, input_embeds=batch.input_embeds)
+        # 0.5.14's ForwardBatch no longer carries the pools (the backend holds them).
+        batch = ForwardBatch(**{k: v for k, v in batch_fields.items() if k in fields})
+        backend.init_forward_metadata(batch)
+        with attention_context(backend):
+            hidden = model(block_ids, batch.positions, batch, input_embeds=batch.input_embeds)
         hidden = hidden.hidden_states
         vocab = int(head.shard_indices.num_org_elements)
         logits = torch.matmul(hidden, head.weight[:vocab].T)
         tokens = worker._greedy_sample_from_vocab_parallel_head(
             hidden_states=hidden[1:], lm_head=head
         )
+    context_path = (
+        "_append_target_hidden_to_draft_kv_by_loc"
+        if hasattr(worker, "_append_target_hidden_to_draft_kv_by_loc")
+        else "project_target_hidden+_append_target_hidden_sequential"
+    )
     save_file(
         {"logits": logits.float().contiguous(), "draft_tokens": tokens.contiguous()},
         str(case_dir / "sglang_logits.safetensors"),
+        metadata={
+            "sglang": sglang.__version__,
+            "worker": worker.wheel_class,
+            "context_path": context_path,
+            "rope_base": str(attn.rotary_emb.base),
+        },
     )
 
 
