@@ -155,6 +155,7 @@ class Lab:
         self.env = {**os.environ, "DDTREE_LAB_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
         self.long_answers: list[str] = []  # answer_every_prompt() fills it, once installed
         self.prompts = 0  # how many prompts the validation set holds (answer_every_prompt)
+        self.toy = False  # the trained pair at train.py's toy sizes (a quick serving check)
         # The trained pair's own prompt set (held-out text): a config option under this folder.
         self.conf = root / "conf"
         self.validation = ["validation=lab"]
@@ -207,7 +208,8 @@ class Lab:
             began = time.monotonic()
             if self.size_name == "trained":
                 where = models / "trained" / kind
-                _run([python, str(TRAINED / "train.py"), str(where)], stream=True)
+                toy = ["--toy"] if self.toy else []
+                _run([python, str(TRAINED / "train.py"), str(where), *toy], stream=True)
                 prompts = json.loads((where / "prompts.json").read_text())
                 option = self.conf / "validation" / "lab_trained.yaml"
                 option.parent.mkdir(parents=True, exist_ok=True)
@@ -665,6 +667,8 @@ def main() -> int:
     )
     parser.add_argument("--in-flight", default=IN_FLIGHT,
                         help="the batched passes' requests in flight, e.g. 8,32")  # fmt: skip
+    parser.add_argument("--toy", action="store_true",
+                        help="--size trained at train.py's toy sizes: seconds, to check serving")  # fmt: skip
     parser.add_argument("--models-only", action="store_true",
                         help="install, run --steps and write (or train) the models, then stop")  # fmt: skip
     args = parser.parse_args()
@@ -677,6 +681,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     release = json.loads((args.bundle / "MANIFEST.json").read_text())["release"]
     lab = Lab(args.root, args.out, release, args.size)
+    lab.toy = args.toy
     began = time.monotonic()
     print(f"> installing the bundle (SGLang {release}) and the checkout", flush=True)
     reused = lab.install(args.bundle, reuse=args.reuse)

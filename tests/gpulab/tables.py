@@ -95,7 +95,7 @@ def speed_table(cells: list[dict[str, Any]], training: dict[str, Any]) -> list[s
     figures below are a bug's)."""
     dflash = next((c for c in cells if c["algo"] == "dflash" and not c.get("planted")), None)
     served = (dflash or {}).get("runs", {}).get("batch1", {}).get("accept_length")
-    predicted = training.get("predicted_accept_length")
+    predicted = training.get("acceptance", {}).get("mean_accept_len")
     lines = [f"Acceptance of DFLASH on the held-out prompts: predicted by training {predicted}, "
              f"served at batch 1 {served}" + (f" (served / predicted {served / predicted:.3f})"
                                              if served and predicted else ""), ""]  # fmt: skip

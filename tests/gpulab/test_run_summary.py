@@ -131,7 +131,7 @@ def test_speed_table_sets_each_cell_beside_dflash_at_the_same_level() -> None:
         cell("dflash", [], {"batch1": (4.0, 800.0), "c8": (3.9, 3000.0)}),
         cell("ddtree", ["algo.budget=31"], {"batch1": (5.2, 960.0), "c8": (5.0, 2700.0)}),
     ]
-    lines = speed_table(cells, {"predicted_accept_length": 4.1})
+    lines = speed_table(cells, {"acceptance": {"mean_accept_len": 4.1}})
     assert lines[0].startswith("Acceptance of DFLASH on the held-out prompts: predicted by "
                                "training 4.1, served at batch 1 4.0 (served / predicted 0.976)")  # fmt: skip
     assert lines[-1] == "| ddtree 31 | 5.2, 960.0, 1.200 | 5.0, 2700.0, 0.900 |"
@@ -141,6 +141,6 @@ def test_speed_table_sets_each_cell_beside_dflash_at_the_same_level() -> None:
             "release": "0.5.11",
             "steps": [],
             "cells": cells,
-            "training": {"predicted_accept_length": 4.1},
+            "training": {"acceptance": {"mean_accept_len": 4.1}},
         }
     )
