@@ -1,0 +1,509 @@
+"""DDTree's logic inside SGLang that no SGLang release's internals shape, in one place.
+
+The patch sets under `patches/sglang/<release>/` add DDTree to each SGLang release. What they
+add splits in two: hooks into that release's classes (its worker, verify input, server
+arguments, KV pools), which differ from release to release, and the logic those hooks call,
+which does not. This module is the second part. It ships with the kernels (`action=build-kernels`
+installs both into the SGLang venv), so every release's set imports it instead of carrying its
+own copy, and it is tested once, here, against the kernels' reference (`tests/test_sglang.py`).
+
+What a patched SGLang may rely on is this module's public names at `API_VERSION`. A patched
+SGLang checks the version at start (`load_ddtree_kernels` in its `dflash_utils.py`) and refuses,
+in one sentence, a module whose version it was not written for. Change a public name's
+signature or meaning, and the number goes up, with the sets that call it.
+
+Nothing here imports SGLang: the hooks hand in what their release calls things (a TP group with
+`world_size` and `all_gather_into_tensor`, a KV pool's move function, server arguments with the
+`speculative_ddtree_*` fields). Nothing here is reached on the DFLASH path: DFLASH must run on a
+host whose kernels are missing, so predicates DFLASH code calls (the custom-mask predicate of the
+graph runner, the drafter's block size) stay in the sets.
+
+Layout of the verify (the terms used below): a request verifies W = the verify width tokens (the
+DFlash block size B, or budget + 1 for a wider tree), node 0 the root (last step's bonus token);
+an accepted path holds at most B nodes (the drafter's B - 1 positions plus the root).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from ddtree_kernels import ops
+from ddtree_kernels.types import Tree
+
+API_VERSION = 1
+
+__all__ = [
+    "API_VERSION",
+    "HYBRID_REFUSAL",
+    "Settings",
+    "TPGroup",
+    "accept_outputs",
+    "accept_tree",
+    "block_rows",
+    "build_verify_tree",
+    "chain_tree",
+    "check_hybrid_target",
+    "commit_path",
+    "draft_topk_logprobs",
+    "flat_tree_mask",
+    "gather_path_rows",
+    "kv_move_pairs",
+    "lm_head_topk_logprobs",
+    "mamba_steps",
+    "merge_tp_topk",
+    "pad_tree",
+    "propose_tree",
+    "resolve_settings",
+    "verify_input_fields",
+    "walk_from_sampling",
+    "window_cache_loc",
+]
+
+HYBRID_REFUSAL = (
+    "DDTREE tree mode on a hybrid target (Mamba/GDN layers) can leak recurrent state between "
+    "sibling tree nodes. Use --speculative-ddtree-mode shadow_linear on this model, or pass "
+    "--speculative-ddtree-allow-hybrid-unsafe to run the tree anyway."
+)
+
+
+class TPGroup(Protocol):
+    """What the draft top-k needs of SGLang's TP group (a `GroupCoordinator`)."""
+
+    world_size: int
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None: ...
+
+
+# ------------------------------------------------------------------ start-up
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The DDTREE settings a worker runs with, checked at start."""
+
+    mode: str  # "tree" or "shadow_linear"
+    budget: int  # non-root tree nodes
+    topk: int  # children kept per node
+    width: int  # the target's verify width W (budget + 1 <= W)
+
+
+def check_hybrid_target(*, mode: str, is_hybrid: bool, allow_hybrid_unsafe: bool) -> None:
+    """Refuse tree mode on a recurrent (Mamba/GDN) target unless explicitly allowed: sibling
+    nodes share one recurrent state unless the recurrent kernels follow parents."""
+    if mode == "tree" and is_hybrid and not allow_hybrid_unsafe:
+        raise ValueError(HYBRID_REFUSAL)
+
+
+def resolve_settings(
+    server_args: Any, *, block_size: int, is_hybrid: bool, on_cuda: bool
+) -> Settings:
+    """The worker's DDTREE settings from the resolved server arguments, refusing at start what
+    would fail later: tree mode on a hybrid target (unless allowed), a budget past the verify
+    width (`speculative_num_draft_tokens`), a tree the CUDA build refuses, and, in tree mode on
+    CUDA, a missing CUDA extension (which would silently run the slow reference)."""
+    mode = str(server_args.speculative_ddtree_mode)
+    check_hybrid_target(
+        mode=mode,
+        is_hybrid=is_hybrid,
+        allow_hybrid_unsafe=bool(server_args.speculative_ddtree_allow_hybrid_unsafe),
+    )
+    budget = int(server_args.speculative_ddtree_budget)
+    topk = int(server_args.speculative_ddtree_topk)
+    width = int(server_args.speculative_num_draft_tokens)
+    if budget + 1 > width:
+        raise ValueError(
+            f"DDTREE budget {budget} does not fit the verify width {width} (budget + 1 <= width)."
+        )
+    ops.check_tree_limits(block_size - 1, topk, budget)
+    if mode == "tree" and on_cuda:
+        ops.require_cuda()
+    return Settings(mode=mode, budget=budget, topk=topk, width=width)
+
+
+# ------------------------------------------------------------------ draft log-probs
+
+
+def merge_tp_topk(
+    logp: torch.Tensor, ids: torch.Tensor, log_z: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global top-k log-probs from the per-rank ones of a vocab-parallel head.
+
+    `logp`/`ids` [tp, n, k]: each rank's top-k, log-probs over its own shard with global token
+    ids; `log_z` [tp, n]: each shard's log-sum-exp. The full-vocabulary logZ is the logsumexp of
+    the shards'; candidates go back to the logit scale and are ordered by value, ties to the
+    smaller id (the kernels' rule).
+    """
+    tp, n, kk = logp.shape
+    values = (logp + log_z.unsqueeze(-1)).permute(1, 0, 2).reshape(n, tp * kk)
+    cand_ids = ids.permute(1, 0, 2).reshape(n, tp * kk)
+    by_id = cand_ids.argsort(dim=1)
+    values, cand_ids = values.gather(1, by_id), cand_ids.gather(1, by_id)
+    order = values.argsort(dim=1, descending=True, stable=True)[:, :k]
+    global_log_z = torch.logsumexp(log_z, dim=0).unsqueeze(1)
+    return values.gather(1, order) - global_log_z, cand_ids.gather(1, order)
+
+
+def draft_topk_logprobs(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    num_org: int,
+    org_vocab_start: int = 0,
+    tp_group: TPGroup | None = None,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k draft log-probs [n, k] fp32 and token ids [n, k] int64 through an LM head shard
+    `weight[:num_org]` (rows past it are padding), normalised over the full vocabulary.
+
+    Chunked like DFlash's greedy head (no full logits tensor outlives a chunk). With a TP group
+    (the merge hook) each rank's top-k and shard logZ are all-gathered and merged.
+    """
+    n = int(hidden_states.shape[0])
+    device = hidden_states.device
+    logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
+    ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
+    tp = 1 if tp_group is None else int(tp_group.world_size)
+    if k > num_org:
+        raise ValueError(f"DDTREE top-k {k} exceeds the lm_head shard ({num_org}).")
+    for start in range(0, n, int(chunk_size)):
+        end = min(n, start + int(chunk_size))
+        hs = hidden_states[start:end].to(weight.dtype)
+        logits = torch.matmul(hs, weight[:num_org].T)
+        local = ops.topk_logprobs(logits, k)
+        local_ids = local.ids + org_vocab_start
+        if tp_group is None or tp == 1:
+            logp_out[start:end], ids_out[start:end] = local.logp, local_ids
+            continue
+        rows = end - start
+        # The fused op normalises over this shard only; its logZ is needed to merge.
+        log_z = torch.logsumexp(logits.float(), dim=-1)
+        g_logp = torch.empty((tp * rows, k), dtype=torch.float32, device=device)
+        g_ids = torch.empty((tp * rows, k), dtype=torch.int64, device=device)
+        g_log_z = torch.empty((tp * rows,), dtype=torch.float32, device=device)
+        tp_group.all_gather_into_tensor(g_logp, local.logp.contiguous())
+        tp_group.all_gather_into_tensor(g_ids, local_ids.contiguous())
+        tp_group.all_gather_into_tensor(g_log_z, log_z.contiguous())
+        logp_out[start:end], ids_out[start:end] = merge_tp_topk(
+            g_logp.view(tp, rows, k), g_ids.view(tp, rows, k), g_log_z.view(tp, rows), k
+        )
+    return logp_out, ids_out
+
+
+def lm_head_topk_logprobs(
+    hidden_states: torch.Tensor, lm_head: Any, k: int, tp_group: TPGroup | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`draft_topk_logprobs` through SGLang's LM head: a `ParallelLMHead` (its `weight` and
+    `shard_indices`: the vocabulary shard of this rank) or a plain module with a dense `weight`
+    (the whole vocabulary). `tp_group` is used only for a sharded head over more than one rank.
+    Added (LoRA) vocabulary is refused: its rows are not in the shard's weight."""
+    weight = lm_head.weight
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is not None and int(shard.num_added_elements) != 0:
+        raise RuntimeError("DDTREE tree mode does not support added vocabulary.")
+    sharded = shard is not None and tp_group is not None and int(tp_group.world_size) > 1
+    return draft_topk_logprobs(
+        hidden_states,
+        weight,
+        k,
+        num_org=int(shard.num_org_elements) if shard is not None else int(weight.shape[0]),
+        org_vocab_start=int(shard.org_vocab_start_index) if shard is not None else 0,
+        tp_group=tp_group if sharded else None,
+    )
+
+
+# ------------------------------------------------------------------ tree and verify input
+
+
+def flat_tree_mask(
+    ancestor_mask: torch.Tensor, prefix_lens: torch.Tensor, mask_numel: int
+) -> torch.Tensor:
+    """SGLang's flat verify mask: per request a bool [W, prefix + W] block (prefix columns
+    True, tree columns = `ancestor_mask`), row-major, concatenated. `mask_numel` may exceed the
+    exact size (an upper bound of the prefix sum); the tail stays True, as SGLang's
+    `generate_attn_arg_prefill` pads it."""
+    bs, w, _ = ancestor_mask.shape
+    prefix = prefix_lens.to(torch.int64).repeat_interleave(w)  # per row [bs * w]
+    row_len = prefix + w
+    row_start = torch.cumsum(row_len, dim=0) - row_len
+    cols = (row_start + prefix).unsqueeze(1) + torch.arange(w, device=ancestor_mask.device)
+    mask = torch.ones(mask_numel, dtype=torch.bool, device=ancestor_mask.device)
+    mask[cols.reshape(-1)] = ancestor_mask.reshape(-1)
+    return mask
+
+
+def pad_tree(tree: Tree, width: int) -> Tree:
+    """Pad a kernels `Tree` of N = budget + 1 nodes to the verify width W >= N with the kernels'
+    padding nodes (token 0, no parent or links, position = prefix, an ancestor row of only
+    itself); `retrieve_index` is re-based to b * W + i."""
+    bs, n = tree.tokens.shape
+    extra = width - n
+    if extra < 0:
+        raise ValueError(f"DDTREE tree of {n} nodes exceeds the verify width {width}.")
+    if extra == 0:
+        return tree
+    device = tree.tokens.device
+
+    def pad(t: torch.Tensor, value: int) -> torch.Tensor:
+        return F.pad(t, (0, extra), value=value)
+
+    prefix = tree.positions[:, :1] - tree.depths[:, :1]
+    ancestor = torch.zeros((bs, width, width), dtype=torch.bool, device=device)
+    ancestor[:, :n, :n] = tree.ancestor_mask
+    tail = torch.arange(n, width, device=device)
+    ancestor[:, tail, tail] = True
+    node = torch.arange(width, device=device)
+    rows = torch.arange(bs, device=device).unsqueeze(1)
+    real = pad(tree.retrieve_index, -1) >= 0
+    return tree._replace(
+        tokens=pad(tree.tokens, 0),
+        parents=pad(tree.parents, -1),
+        depths=pad(tree.depths, 0),
+        positions=torch.cat([tree.positions, prefix.expand(bs, extra)], dim=1),
+        ancestor_mask=ancestor,
+        retrieve_next_token=pad(tree.retrieve_next_token, -1),
+        retrieve_next_sibling=pad(tree.retrieve_next_sibling, -1),
+        retrieve_index=torch.where(real, rows * width + node, -1),
+    )
+
+
+def build_verify_tree(
+    *,
+    logp: torch.Tensor,
+    ids: torch.Tensor,
+    root_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    budget: int,
+    width: int,
+    prefix_lens_sum: int,
+    prefix_lens_sum_exact: bool = True,
+) -> Tree:
+    """The verify tree at width W with its flat custom mask.
+
+    The kernels build the mask themselves when the tree fills the width and the host prefix sum
+    is exact; otherwise the tree is padded and the mask built at W, sized from `prefix_lens_sum`
+    (which may then be an upper bound: overlap scheduling knows only that on the host).
+    """
+    if budget + 1 == width and prefix_lens_sum_exact:
+        return ops.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_lens_sum)
+    tree = pad_tree(ops.build_tree(logp, ids, root_tokens, prefix_lens, budget), width)
+    bs = int(root_tokens.shape[0])
+    numel = width * int(prefix_lens_sum) + bs * width * width
+    return tree._replace(custom_mask=flat_tree_mask(tree.ancestor_mask, prefix_lens, numel))
+
+
+def propose_tree(
+    *,
+    draft_hidden: torch.Tensor,
+    lm_head: Any,
+    topk: int,
+    budget: int,
+    width: int,
+    root_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    prefix_lens_sum: int,
+    prefix_lens_sum_exact: bool,
+    tp_group: TPGroup | None,
+) -> Tree:
+    """Tree mode's draft: top-k log-probs of the drafter's hidden states [bs, B, H] (row 0 is
+    the root's, not drafted) over the full vocabulary through the target's `lm_head`, then the
+    best-first tree at the verify width with its mask (`build_verify_tree`). The release's hook
+    picks `prefix_lens_sum` (a host number, no device sync) and the TP group."""
+    bs, block, hidden_size = draft_hidden.shape
+    logp, ids = lm_head_topk_logprobs(
+        draft_hidden[:, 1:, :].reshape(-1, hidden_size), lm_head, topk, tp_group
+    )
+    return build_verify_tree(
+        logp=logp.view(bs, block - 1, -1),
+        ids=ids.view(bs, block - 1, -1),
+        root_tokens=root_tokens,
+        prefix_lens=prefix_lens,
+        budget=budget,
+        width=width,
+        prefix_lens_sum=prefix_lens_sum,
+        prefix_lens_sum_exact=prefix_lens_sum_exact,
+    )
+
+
+def chain_tree(draft_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> Tree:
+    """shadow_linear: DFlash's own draft chain [bs, B] (root first) as a DDTree (top-k 1,
+    budget B - 1), so the walk and commit run the tree code on DFlash's tokens."""
+    _, width = draft_tokens.shape
+    chain = draft_tokens[:, 1:].to(torch.int64).unsqueeze(-1)
+    logp = torch.zeros(chain.shape, dtype=torch.float32, device=draft_tokens.device)
+    return ops.build_tree(logp, chain, draft_tokens[:, 0].to(torch.int64), prefix_lens, width - 1)
+
+
+def verify_input_fields(tree: Tree, *, tree_mask: bool) -> dict[str, torch.Tensor | None]:
+    """The tree's part of a `DDTreeVerifyInput` (a DFlashVerifyInput with retrieve arrays):
+    positions prefix + depth, the flat ancestor mask as `custom_mask` when `tree_mask` (tree
+    mode; shadow_linear keeps DFLASH's causal verify, mask None), and the links and parents."""
+    return {
+        "positions": tree.positions.reshape(-1),
+        "custom_mask": tree.custom_mask if tree_mask else None,
+        "retrieve_index": tree.retrieve_index,
+        "retrieve_next_token": tree.retrieve_next_token,
+        "retrieve_next_sibling": tree.retrieve_next_sibling,
+        "tree_parents": tree.parents,
+    }
+
+
+def window_cache_loc(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """KV slots [bs, width] int64 of each request's verify window, `req_to_token[req, prefix :
+    prefix + width]`: a tree wider than the draft block verifies in the window's first `width`
+    slots (the block took the first B)."""
+    cols = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(
+        width, device=prefix_lens.device
+    )
+    return req_to_token[req_pool_indices.to(torch.int64).unsqueeze(1), cols].to(torch.int64)
+
+
+# ------------------------------------------------------------------ accept
+
+
+def walk_from_sampling(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Walk outputs (local accept_index [bs, A], accept_len with the root, accepted tokens,
+    bonus) from the outputs of SGLang's tree rejection sampler
+    (`tree_speculative_sampling_target_only`: predicts [bs * W], global accept_index -1 padded,
+    accepted drafts per request)."""
+    bs = accept_index.shape[0]
+    global_index = accept_index.to(torch.int64)
+    base = torch.arange(bs, device=global_index.device).unsqueeze(1) * width
+    valid = global_index >= 0
+    local = torch.where(valid, global_index - base, -1)
+    tokens = torch.where(valid, predicts.to(torch.int64)[global_index.clamp(min=0)], -1)
+    accept_len = accept_token_num.to(torch.int64) + 1
+    bonus = tokens.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
+    return local, accept_len, tokens, bonus
+
+
+def accept_outputs(
+    accept_len: torch.Tensor,
+    accept_tokens: torch.Tensor,
+    bonus: torch.Tensor,
+    prefix_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DFlash's accept outputs from a tree walk: (accepted drafts int32, commit_lens int32,
+    bonus int64, out_tokens [bs, A] int64 with the committed tokens first and 0 after,
+    new_seq_lens)."""
+    commit_lens = accept_len.to(torch.int32)
+    out_tokens = accept_tokens.to(torch.int64).clamp(min=0)
+    new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+    return commit_lens - 1, commit_lens, bonus.to(torch.int64), out_tokens, new_seq_lens
+
+
+# What a release's tree rejection sampler hook returns: (accepted drafts [bs], global
+# accept_index [bs, >= path] -1 padded, predicts [bs * W]).
+SampledWalk = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def accept_tree(
+    *,
+    tree: Tree,
+    next_token_logits: torch.Tensor,
+    path_len: int,
+    prefix_lens: torch.Tensor,
+    sample: Callable[[], SampledWalk] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Accept over the tree: DFLASH's (accepted drafts, commit_lens, bonus, out_tokens,
+    new_seq_lens) plus the accepted node indices [bs, path_len] (local, root first, -1 padded).
+
+    Greedy (`sample` None): the kernels' walk over the target's argmax at every node. Sampled:
+    `sample()` runs the release's tree rejection sampler (its signature is the release's) and
+    its outputs are laid out as the walk's. A path holds at most `path_len` = B nodes.
+    """
+    bs, width = tree.tokens.shape
+    if sample is not None:
+        correct_len, accept_index, predicts = sample()
+        nodes, accept_len, accept_tokens, bonus = walk_from_sampling(
+            predicts, accept_index[:, :path_len], correct_len, width
+        )
+    else:
+        target = torch.argmax(next_token_logits, dim=-1).view(bs, width).to(torch.int64)
+        nodes, accept_len, accept_tokens, bonus = ops.verify_walk(
+            tree.tokens, tree.parents, target, path_len - 1
+        )
+    return (*accept_outputs(accept_len, accept_tokens, bonus, prefix_lens), nodes)
+
+
+# ------------------------------------------------------------------ commit
+
+
+def kv_move_pairs(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat (target, source) slot lists for SGLang's `move_kv_cache` from `commit_indices`'
+    [bs, A] src/dst; padding entries (-1) become the root's slot moved onto itself, so nothing
+    is filtered on the host (no sync)."""
+    root = dst[:, :1].expand_as(dst)
+    keep = src >= 0
+    return torch.where(keep, dst, root).reshape(-1), torch.where(keep, src, root).reshape(-1)
+
+
+def gather_path_rows(x: torch.Tensor, hidden_rows: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows of node-indexed `x` [bs * W (+ padding), ...] in accepted-path order: row b * W + j
+    becomes x[hidden_rows[b, j]]; rows past the path, and any trailing alignment padding, keep
+    their own row."""
+    bs, a = hidden_rows.shape
+    rows = torch.arange(x.shape[0], device=x.device)
+    own = rows[: bs * width].view(bs, width)
+    own[:, :a] = torch.where(hidden_rows >= 0, hidden_rows, own[:, :a])
+    return x[rows]
+
+
+def block_rows(x: torch.Tensor, bs: int, width: int, block: int) -> torch.Tensor:
+    """Verify rows [bs * W (+ padding), ...] in the drafter's block layout [bs * B, ...]: each
+    window's first B rows, which hold the accepted path once `gather_path_rows` put it there.
+    At W == B the rows are already that layout and come back as they are."""
+    if width == block:
+        return x
+    rest = x.shape[1:]
+    return x[: bs * width].view(bs, width, *rest)[:, :block].reshape(bs * block, *rest)
+
+
+def commit_path(
+    *,
+    accept_index: torch.Tensor,
+    cache_loc: torch.Tensor,
+    move_kv_cache: Callable[[torch.Tensor, torch.Tensor], None],
+    hidden_states: torch.Tensor | None,
+    width: int,
+) -> torch.Tensor | None:
+    """Move the accepted path to the front of each verify window, so a release's chain-layout
+    code (committed KV, draft-KV append) sees it as DFLASH's committed prefix: its KV through the
+    release's `move_kv_cache(target_slots, source_slots)` (a copy, not an index remap: after
+    verify the scheduler may hand a finished request's req_to_token row on) and its hidden rows
+    (returned; None stays None). `cache_loc` [bs, W]: the slot each node was verified in."""
+    commit = ops.commit_indices(accept_index, cache_loc)
+    target, source = kv_move_pairs(commit.src, commit.dst)
+    move_kv_cache(target, source)
+    if hidden_states is None:
+        return None
+    return gather_path_rows(hidden_states, commit.hidden_rows, width)
+
+
+def mamba_steps(
+    accept_index: torch.Tensor,
+    commit_lens: torch.Tensor,
+    steps_to_track: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tree-node step indices for the recurrent-state commit: the last accepted node, and for
+    tracking the node at path position `steps_to_track` (-1 kept)."""
+    last = accept_index.gather(1, (commit_lens.to(torch.int64) - 1).unsqueeze(1))
+    if steps_to_track is None:
+        return last.squeeze(1), None
+    node = accept_index.gather(1, steps_to_track.clamp(min=0).unsqueeze(1)).squeeze(1)
+    return last.squeeze(1), torch.where(steps_to_track >= 0, node, -1)
