@@ -100,7 +100,11 @@ def check_hybrid_target(*, mode: str, is_hybrid: bool, allow_hybrid_unsafe: bool
 
 
 def resolve_settings(
-    server_args: Any, *, block_size: int, is_hybrid: bool, on_cuda: bool
+    server_args: Any,  # noqa: ANN401 (SGLang's ServerArgs or spec bag, read by field name)
+    *,
+    block_size: int,
+    is_hybrid: bool,
+    on_cuda: bool,
 ) -> Settings:
     """The worker's DDTREE settings from the resolved server arguments, refusing at start what
     would fail later: tree mode on a hybrid target (unless allowed), a budget past the verify
@@ -196,7 +200,10 @@ def draft_topk_logprobs(
 
 
 def lm_head_topk_logprobs(
-    hidden_states: torch.Tensor, lm_head: Any, k: int, tp_group: TPGroup | None
+    hidden_states: torch.Tensor,
+    lm_head: Any,  # noqa: ANN401 (SGLang's ParallelLMHead, or any module with a dense weight)
+    k: int,
+    tp_group: TPGroup | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`draft_topk_logprobs` through SGLang's LM head: a `ParallelLMHead` (its `weight` and
     `shard_indices`: the vocabulary shard of this rank) or a plain module with a dense `weight`
@@ -227,7 +234,7 @@ def flat_tree_mask(
     True, tree columns = `ancestor_mask`), row-major, concatenated. `mask_numel` may exceed the
     exact size (an upper bound of the prefix sum); the tail stays True, as SGLang's
     `generate_attn_arg_prefill` pads it."""
-    bs, w, _ = ancestor_mask.shape
+    _, w, _ = ancestor_mask.shape
     prefix = prefix_lens.to(torch.int64).repeat_interleave(w)  # per row [bs * w]
     row_len = prefix + w
     row_start = torch.cumsum(row_len, dim=0) - row_len
@@ -300,7 +307,7 @@ def build_verify_tree(
 def propose_tree(
     *,
     draft_hidden: torch.Tensor,
-    lm_head: Any,
+    lm_head: Any,  # noqa: ANN401 (as lm_head_topk_logprobs)
     topk: int,
     budget: int,
     width: int,
@@ -362,9 +369,7 @@ def window_cache_loc(
     """KV slots [bs, width] int64 of each request's verify window, `req_to_token[req, prefix :
     prefix + width]`: a tree wider than the draft block verifies in the window's first `width`
     slots (the block took the first B)."""
-    cols = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(
-        width, device=prefix_lens.device
-    )
+    cols = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(width, device=prefix_lens.device)
     return req_to_token[req_pool_indices.to(torch.int64).unsqueeze(1), cols].to(torch.int64)
 
 
