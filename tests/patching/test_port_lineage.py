@@ -68,7 +68,10 @@ LINEAGES = (
     # 0.5.15's worker: the draft runner shares the target's server args, an in-graph draft sampler
     # replaced the eager greedy head, and the batch argument is `batch` (0.5.14:
     # model_worker_batch, which the log-prob guard's hunk names too). 0004 holds the worker's new
-    # helper. New sites: four widened gates.
+    # helper. New sites: four widened gates. 0.5.14's set is thin (THIN-SETS.md: its 0003 and
+    # 0004 call ddtree_kernels.sglang) and 0.5.15's is not yet, so 0004 differs throughout and
+    # 0003's verify-input hunk (11) is split from the one that still lands (12); the rewritten
+    # hunks are the same ones.
     Lineage(
         "0.5.14",
         "0.5.15",
@@ -79,7 +82,10 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 8): _absent("def _validate_phase1_sampling_support("),
             (WORKER, "dflash_worker_v2.py", 9): _absent("model_worker_batch: ScheduleBatch,"),
             (WORKER, "dflash_worker_v2.py", 10): _absent("if draft_hidden is None:"),
-            (WORKER, "dflash_worker_v2.py", 12): _absent("batch=model_worker_batch,"),
+            (WORKER, "dflash_worker_v2.py", 11): _absent(
+                "model_worker_batch.out_cache_loc = verify_out_cache_loc", "removed"
+            ),
+            (WORKER, "dflash_worker_v2.py", 13): _absent("batch=model_worker_batch,"),
         },
         unreviewed={"widened": 4},
         also_rewritten=(HELPERS,),

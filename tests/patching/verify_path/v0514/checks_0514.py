@@ -769,6 +769,58 @@ def decode_after_scoring_request():
     }
 
 
+def ddtree_api_refusal():
+    """The thin 0.5.14 set (THIN-SETS.md): its DDTREE logic is ddtree_kernels.sglang's, at the
+    API its dflash_utils names (DDTREE_SGLANG_API). `load_ddtree_kernels` (real), which the
+    worker's `_init_ddtree` (real) calls first, refuses at start, in one sentence, a module of
+    another API version or none; DFLASH's modules import, and its predicates answer, with no
+    ddtree_kernels at all. TEST DOUBLES: the worker (as for worker_init) and the installed
+    module's version (patched)."""
+    import importlib
+
+    import ddtree_kernels.sglang as module
+
+    def refusal(fn) -> str:
+        try:
+            fn()
+        except RuntimeError as e:
+            return str(e)
+        return ""
+
+    wanted = U.DDTREE_SGLANG_API
+    out = {"wanted": wanted, "module": module.API_VERSION, "loads": U.load_ddtree_kernels() is ops}
+    with patched(module, API_VERSION=wanted + 1):
+        out["newer"] = refusal(U.load_ddtree_kernels)
+        out["worker_newer"] = _init(ddtree_spec())
+    import ddtree_kernels
+
+    # An older ddtree_kernels, without the module.
+    sys.modules["ddtree_kernels.sglang"] = None
+    del ddtree_kernels.sglang
+    try:
+        out["missing"] = refusal(U.load_ddtree_kernels)
+    finally:
+        sys.modules["ddtree_kernels.sglang"] = ddtree_kernels.sglang = module
+    # DFLASH without any ddtree_kernels: fresh imports of the patched modules.
+    for name in [n for n in sys.modules if n.startswith("ddtree_kernels")]:
+        sys.modules[name] = None
+    for name in ("sglang.srt.speculative.dflash_utils", "sglang.srt.speculative.dflash_worker_v2"):
+        del sys.modules[name]
+    fresh = importlib.import_module("sglang.srt.speculative.dflash_utils")
+    importlib.import_module("sglang.srt.speculative.dflash_worker_v2")
+    out["dflash_without_kernels"] = {
+        "imports": True,
+        "tree_mask": fresh.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DFLASH, ddtree_spec()),
+        "block": fresh.ddtree_draft_block_size(
+            SpeculativeAlgorithm.DFLASH, SimpleNamespace(speculative_num_draft_tokens=16)
+        ),
+        "ddtree_helper": refusal(lambda: fresh.ddtree_chain_tree),
+    }
+    return out
+
+
+if RELEASE == "0.5.14":  # the thin set (test_thin_0514.py)
+    check(ddtree_api_refusal)
 if RELEASE != "0.5.14":  # what 0.5.15's to 0.5.17's workers have (test_verify_path_0515.py)
     check(draft_runner_server_args)
     check(draft_sampler_off_in_tree_mode)

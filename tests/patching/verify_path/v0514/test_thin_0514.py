@@ -1,0 +1,40 @@
+"""The thin 0.5.14 set: its DDTREE logic comes from ddtree_kernels.sglang (THIN-SETS.md).
+
+On CPU against the real patched 0.5.14 (the check `ddtree_api_refusal` of checks_0514.py): the
+patched SGLang refuses at start, in one sentence, a ddtree_kernels.sglang whose API version it
+was not written for (or none), and DFLASH needs no ddtree_kernels at all. The shared logic
+itself is tested once, in kernels/tests/test_sglang.py; the shared verify-path tests hold the
+thin set to the same promises as every other worker-v2 set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def release() -> str:
+    return "0.5.14"
+
+
+def _one_sentence(text: str) -> bool:
+    return text.endswith(".") and ". " not in text[:-1]
+
+
+def test_patched_sglang_refuses_another_api_version_at_start(check: Callable[[str], dict]) -> None:
+    got = check("ddtree_api_refusal")
+    assert got["wanted"] == got["module"] and got["loads"]
+    newer = got["newer"]
+    assert f"API {got['wanted']}" in newer and f"provides API {got['wanted'] + 1}" in newer
+    assert "action=build-kernels" in newer and _one_sentence(newer), newer
+    assert got["worker_newer"] == {"error": f"RuntimeError: {newer}"}
+    missing = got["missing"]
+    assert "provides no such module" in missing and _one_sentence(missing), missing
+
+
+def test_dflash_runs_without_ddtree_kernels(check: Callable[[str], dict]) -> None:
+    got = check("ddtree_api_refusal")["dflash_without_kernels"]
+    assert got["imports"] and got["tree_mask"] is False and got["block"] == 16
+    assert "needs the ddtree_kernels package" in got["ddtree_helper"]
