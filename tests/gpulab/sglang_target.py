@@ -40,7 +40,6 @@ import os
 import socket
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # read at import time (utils.is_cpu)
@@ -63,7 +62,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from sglang.srt.utils.hf_transformers_utils import get_processor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpulab import models  # noqa: E402
+from gpulab import models
 
 # The realistic hybrid's layout at small widths: every fourth layer attends, two value heads per
 # key head, four query heads per KV head, gated attention of head_dim 2x the linear heads'.
@@ -229,6 +228,7 @@ def main(work: Path) -> None:
     attention = model.model.layers[SMALL["text_config"]["full_attention_interval"] - 1]
     report = {
         "sglang": sglang.__version__,
+        "small": SMALL,
         "config": type(model_config.hf_config).__name__,
         "text_config": f"{type(text).__module__}.{type(text).__name__}",
         "text_is_qwen3_next": isinstance(text, Qwen3NextConfig),
