@@ -1,28 +1,34 @@
 """Random-weight models for the GPU lab, made on the spot: targets, DFlash drafts, tokenizer.
 
-Two targets, each at two sizes: a pure-attention `Qwen3ForCausalLM` and a hybrid
-`Qwen3NextForCausalLM` (gated delta-net layers between attention layers), all with a 64-token
-character vocabulary. A vocabulary that small makes the target's greedy token fall among the
-draft's top-k often, so tree mode accepts through sibling branches: the path a hybrid target's
-recurrent state can get wrong. All weights are drawn from a fixed seed and written as
-safetensors, so every server start reads the same models. The tokenizer is a real `tokenizers`
-character vocabulary, so the validation prompts (text) go through SGLang's tokenizer and
-detokenizer as in production.
+Two targets, each at two sizes, all with a 64-token character vocabulary: a pure-attention
+`Qwen3ForCausalLM`, and a hybrid (gated delta-net layers between attention layers): at the
+tiny size a `Qwen3NextForCausalLM` (MoE in every layer), at the realistic size a dense Qwen3.5,
+production's architecture (Qwen3.6-27B; `qwen3_5_config` says how SGLang loads it). A vocabulary
+that small makes the target's greedy token fall among the draft's top-k often, so tree mode
+accepts through sibling branches: the path a hybrid target's recurrent state can get wrong. All
+weights are drawn from a fixed seed and written as safetensors, so every server start reads the
+same models. The tokenizer is a real `tokenizers` character vocabulary, so the validation
+prompts (text) go through SGLang's tokenizer and detokenizer as in production.
 
 Sizes (`SIZES`):
 
 - `tiny`: 4 layers of width 128, initializer_range 0.4 (wide logit gaps, few bf16 near-ties);
   written on the CPU in float32, then cast to bf16.
 - `realistic`: the attention target has Qwen3-8B's dimensions (hidden 4096, 36 layers, 32/8
-  heads of 128, intermediate 12288: 7.0 B parameters, 13.9 GB in bf16); the hybrid has
-  Qwen3-Next-80B-A3B's width and depth (hidden 2048, 48 layers, every fourth one attention,
-  16/2 heads of 256) with half its linear-attention heads (8 key, 16 value heads of 128, so the
-  speculative Mamba states of five servers fit one GPU) and 16 experts (top 4) of 256 instead
-  of 512 of 512 (2.3 B parameters, 4.6 GB). Both at initializer_range 0.02, as trained models
-  are initialised: logit gaps under 0.05 every 10 to 20 tokens, the near-ties a bf16 server
-  flips. Written on the GPU (`with torch.device("cuda")`, bf16: float32 init of 7 B
-  parameters on a CPU takes minutes), never carried. Their drafters have the target's width,
-  one layer, and read five target layers spread over its depth, as Qwen3-8B's DFlash drafter.
+  heads of 128, intermediate 12288: 7.0 B parameters, 13.9 GB in bf16). The hybrid is a dense
+  Qwen3.5 of the same width (hidden 4096, intermediate 12288, 32 layers, every fourth one
+  attention: 8 gated-attention layers of 16/4 heads of 256, 24 gated delta-nets of 8 key and 16
+  value heads of 128): 6.1 B parameters, 12.2 GB in bf16, a Mamba state of 24.6 MiB per
+  request. Qwen3.6-27B is wider and deeper (hidden 5120, 64 layers, 48 value heads): at its
+  size five servers and their speculative Mamba states (one per request and verify token)
+  would not fit one GPU. A random MoE router flips near-tied experts between prefill and verify
+  (the realistic Qwen3-Next's linear DFlash tokens sat up to 5 nats off the prefill's, GPU lab
+  run 10); a dense MLP has no router. Both at initializer_range 0.02, as trained models are
+  initialised: logit gaps under 0.05 every 10 to 20 tokens, the near-ties a bf16 server flips.
+  Written on the GPU (`with torch.device("cuda")`, bf16: float32 init of 7 B parameters on a
+  CPU takes minutes), never carried. Their drafters have the target's width, one Qwen3 layer
+  (32/8 heads of 128, intermediate 12288), and read five target layers spread over its depth,
+  as Qwen3-8B's DFlash drafter (36 layers: 1, 9, 17, 25, 33; 32 layers: 1, 8, 15, 22, 29).
 
 Random weights alone give a drafter that almost never agrees with the target (acceptance
 about 1.04), which exercises no tree. So the models are shaped, and only this way: the target's
@@ -37,8 +43,10 @@ rescaled (`shaping`) so the drafter's [MASK] logits and the weight of its random
 the [MASK] direction stay the tiny drafter's.
 
 `write_model(root, kind, size)` needs torch, tokenizers and transformers (the SGLang venv has
-them; the realistic size a GPU too); `write_configs(root, kind, size)` writes the configs only,
-which is what CPU tests of argument resolution need. Command line (on the GPU machine):
+them; the realistic size a GPU too); `write_target(dir, config, on_gpu=False)` writes a target of
+any config (the CPU tests write a small Qwen3.5 of the realistic layout and have SGLang load it:
+sglang_target.py); `write_configs(root, kind, size)` writes the configs only, which is what CPU
+tests of argument resolution need. Command line (on the GPU machine):
 `python models.py OUT_DIR [SIZE [KIND...]]` writes OUT_DIR/SIZE/KIND/{target,draft}.
 """
 
