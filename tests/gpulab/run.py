@@ -6,9 +6,9 @@
 
 It installs the carried bundle (tests/gpulab/bundle.py made it, for one release) and this
 checkout into one venv that sees the machine's torch, writes the models of `--size` (models.py:
-tiny, or realistic at Qwen3-8B's dimensions, made on the GPU), then runs `ddtree-deploy` itself
-on `host=h200_lab`: plan (preflight), patch, audit, build-kernels (CUDA for the GPU, with its
-smoke test). For each target (pure attention, hybrid) and algorithm (DFLASH, DDTREE
+tiny, or realistic: Qwen3-8B's dimensions and a dense Qwen3.5 hybrid, made on the GPU), then runs
+`ddtree-deploy` itself on `host=h200_lab`: plan (preflight), patch, audit, build-kernels (CUDA for
+the GPU, with its smoke test). For each target (pure attention, hybrid) and algorithm (DFLASH, DDTREE
 shadow_linear, DDTREE tree, a tree cell per `--budgets` entry) it starts the server with exactly
 the argv and environment `action=render output=json` gives (the machine has no systemd, so the
 lab is the service manager), and judges it with `action=validate`, the product's own gates: at
