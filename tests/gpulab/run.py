@@ -33,6 +33,7 @@ server log). The tables are printed last.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -201,9 +202,10 @@ class Lab:
         minutes, its prompt set written as a validation option)."""
         models = self.root / "models"
         python = str(self.venv / "bin" / "python")
+        written = self.models_digest()
         for kind in kinds:
             done = models / self.size_name / f"{kind}.written"
-            if done.exists():
+            if done.exists() and done.read_text() == written:
                 continue
             began = time.monotonic()
             if self.size_name == "trained":
@@ -218,7 +220,20 @@ class Lab:
                 _run([python, str(Path(__file__).with_name("models.py")), str(models),
                       self.size_name, kind])  # fmt: skip
             print(f"> {self.size_name} {kind} models: {time.monotonic() - began:.0f} s", flush=True)
-            done.write_text("ok\n")
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(written)
+
+    def models_digest(self) -> str:
+        """What wrote this size's models: a digest of its generator's source and options, kept
+        in each `.written` marker, so a reused root whose models an older generator wrote (a
+        Qwen3-Next where the hybrid is now a Qwen3.5) gets them written again."""
+        sources = sorted(TRAINED.glob("*.py")) if self.size_name == "trained" else [
+            Path(__file__).with_name("models.py")
+        ]  # fmt: skip
+        digest = hashlib.sha256(f"{self.size_name} toy={self.toy}".encode())
+        for source in sources:
+            digest.update(source.read_bytes())
+        return digest.hexdigest() + "\n"
 
     @property
     def training_record(self) -> Path:

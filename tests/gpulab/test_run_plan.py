@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # run.py imports its sibling `tables`, as a script
+import run
 from run import (
     LONG_ANSWER,
     PLANT_MARKER,
@@ -175,3 +176,21 @@ def test_cells_run_their_passes_and_the_planted_one_its_plant(tmp_path: Path) ->
     assert planted is not None and planted["DDTREE_LAB_PLANTED_BUG"] == PLANTED_BUG
     assert [k for k, v in lab.environments.items() if v] == ["attention-planted"]
     assert [(c.planted, c.plant_seen) for c in cells][-2:] == [(None, None), (PLANTED_BUG, True)]
+
+
+def test_models_a_changed_generator_wrote_are_written_again_on_a_reused_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reused root keeps models an earlier call wrote, unless their generator changed since:
+    a marker from an older models.py (a Qwen3-Next hybrid) must not serve as today's."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(run, "_run", lambda argv, **_: calls.append(argv) or "")
+    lab = _Lab(tmp_path, size="realistic")
+    lab.write_models(["hybrid"])
+    lab.write_models(["hybrid"])  # the same generator: kept
+    assert len(calls) == 1
+    (tmp_path / "models" / "realistic" / "hybrid.written").write_text("ok\n")  # an older one's
+    lab.write_models(["hybrid"])
+    assert len(calls) == 2 and calls[-1][-2:] == ["realistic", "hybrid"]
+    toy = _Lab(tmp_path / "trained", size="trained")
+    assert toy.models_digest() != (setattr(toy, "toy", True) or toy.models_digest())
