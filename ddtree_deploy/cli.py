@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
+from ddtree_deploy.config import DeployConfig, Output, compose_config, group_options
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import JsonLinesSink, emit, sink_installed
 from ddtree_deploy.patching.audit import AuditReport
@@ -23,22 +23,11 @@ from ddtree_deploy.patching.port import PortReport, write_candidate
 from ddtree_deploy.report import console, render, run_report
 from ddtree_deploy.report.audit_report import write_audit_reports
 from ddtree_deploy.report.port_report import print_port, write_port_reports
+from ddtree_deploy.report.usage import usage_text
 from ddtree_deploy.rollout import actions
 from ddtree_deploy.rollout.actions import ActionOutcome
 from ddtree_deploy.rollout.validation_flow import ValidationFailed
 from ddtree_deploy.validate.record import ValidationRecord
-
-USAGE = f"""usage: ddtree-deploy [KEY=VALUE ...]
-
-Hydra overrides select what to do and where:
-  host=local|ct129|ct200      the host (default local, the staging host on this machine)
-  algo=dflash|ddtree|ddtree_shadow
-  action={"|".join(ACTIONS)}  (default plan)
-  output=table|json           (action=facts, action=render)
-  any config key, e.g. algo.budget=12 gpu=h200 host.address=10.0.0.5
-
-Each run writes events.jsonl under rollout.runs_dir (default ./runs).
-"""
 
 _HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
     "plan": actions.plan_action,
@@ -62,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one action; returns the exit code (testable without `sys.exit`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(args):
-        console.stdout.print(USAGE, markup=False)
+        console.stdout.print(usage_text(group_options()), markup=False, soft_wrap=True)
         return 0
     # Library loggers (paramiko's transport thread above all) go to the run's debug.log, never
     # to the terminal, where they would print tracebacks for expected failures.
