@@ -25,11 +25,11 @@ pytestmark = pytest.mark.nspawn
 
 
 def service_pids(host: ShellHost, unit: str) -> list[int]:
-    """Every process of the unit's cgroup."""
-    group = host.run(["systemctl", "show", "--property=ControlGroup", "--value", "--", unit])
-    procs = host.read_text(PurePosixPath(f"/sys/fs/cgroup{group.stdout.strip()}/cgroup.procs"))
-    assert procs is not None, f"{unit} has no cgroup"
-    return [int(pid) for pid in procs.split()]
+    """Every process of the unit's cgroup (`ps` reads the unit from it, cgroup v1 or v2)."""
+    table = host.run(["ps", "-e", "-o", "pid=,unit="]).stdout
+    return [
+        int(pid) for pid, owner in (line.split() for line in table.splitlines()) if owner == unit
+    ]
 
 
 def proc_file(host: ShellHost, pid: int, name: str) -> str:
