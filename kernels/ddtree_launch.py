@@ -7,7 +7,9 @@ stands in `/proc/<pid>/cmdline`, which every local user can read. The unit runs 
 instead: it takes the key out of the environment variable `VAR` (set by the 0600 environment
 file), removes `VAR` from the environment so that the server's child processes do not inherit
 it, appends `--api-key` to `sys.argv` in this process (a change to `sys.argv` never reaches
-`/proc/<pid>/cmdline`), and runs `MODULE` as `__main__`, as `python -m MODULE` would.
+`/proc/<pid>/cmdline`), and runs `MODULE` as `__main__`, as `python -m MODULE` would. SGLang
+logs its whole `ServerArgs` at start, key included, so every log record of this process has the
+key masked before any handler (the journal) sees it.
 
 Standard library only, and outside the `ddtree_kernels` package: importing that package imports
 torch, and SGLang sets environment variables that must come before torch's import.
@@ -15,6 +17,7 @@ torch, and SGLang sets environment variables that must come before torch's impor
 
 from __future__ import annotations
 
+import logging
 import os
 import runpy
 import sys
@@ -53,6 +56,21 @@ def take_key(var: str) -> str:
     return key
 
 
+def mask_in_logs(key: str) -> None:
+    """Replace `key` in every log record this process makes, through the record factory: it
+    survives SGLang configuring its own handlers, unlike a handler's or a logger's filter."""
+    make_record = logging.getLogRecordFactory()
+
+    def masked_record(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        message = record.getMessage()
+        if key in message:
+            record.msg, record.args = message.replace(key, "***"), None
+        return record
+
+    logging.setLogRecordFactory(masked_record)
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the server module with the key in its arguments; returns the launcher's exit code
     when it refuses (the server's own exit passes through as `SystemExit`)."""
@@ -64,6 +82,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     # alter_sys: `__main__` is the server module while it runs, so multiprocessing's spawn
     # children re-import that module (as `__mp_main__`), exactly as under `python -m MODULE`.
+    mask_in_logs(key)
     sys.argv = [module, *server_args, "--api-key", key]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0

@@ -20,7 +20,7 @@ KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 KEY = "sk-probe-5d1e"
 
 PROBE = """
-import json, multiprocessing, os, sys
+import json, logging, multiprocessing, os, sys
 
 def report(queue):
     queue.put({
@@ -29,6 +29,9 @@ def report(queue):
     })
 
 if __name__ == "__main__":
+    # As SGLang does at start: its own handlers, then the whole server arguments in the log.
+    logging.basicConfig(force=True, level=logging.INFO, format="%(message)s")
+    logging.getLogger("probe").info("server_args=%s", sys.argv[1:])
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=report, args=(queue,))
@@ -68,6 +71,8 @@ def test_launcher_hands_the_key_in_process_and_to_no_child(tmp_path: Path) -> No
     assert KEY not in seen["cmdline"]
     assert not seen["var_left"]
     assert KEY not in seen["child"]["cmdline"] + seen["child"]["environ"]
+    assert "server_args=['--port', '30000', '--api-key', '***']" in done.stderr
+    assert KEY not in done.stderr
 
 
 @pytest.mark.parametrize(
