@@ -25,6 +25,8 @@ _GPU_ARCH = re.compile(r"^sm_\d+[a-z]?$")
 # What the DDTree tree kernel takes per position (ddtree_kernels.reference.check_tree_limits,
 # which the patched server calls at start); with the 16-token block every K <= 16 fits its key.
 KERNEL_MAX_TOPK = 16
+# SGLang's secret arguments: the launcher (kernels/ddtree_launch.py) passes the API key in-process.
+_KEY_FLAGS = ("--api-key", "--admin-api-key")
 
 
 def check_config(cfg: DeployConfig) -> None:
@@ -192,6 +194,14 @@ def _service_problems(cfg: DeployConfig) -> list[str]:
         if cap is not None and cap < 1
         else []
     )
+    # A key there would stand in the 0644 unit file and on the server's command line.
+    problems += [
+        f"service.extra_args holds {flag}, which would put a key in the unit file and on the "
+        "server's command line; give the API key through service.api_key_env or "
+        "service.api_key_file."
+        for flag in dict.fromkeys(a.split("=", 1)[0] for a in cfg.service.extra_args)
+        if flag in _KEY_FLAGS
+    ]
     if cfg.algo.name is not Algo.DDTREE or cfg.algo.mode is not TreeMode.tree:
         return problems
     args = cfg.service.extra_args

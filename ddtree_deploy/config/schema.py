@@ -155,7 +155,8 @@ class ServiceConfig:
     user: str = "root"
     unit_dir: str = "/etc/systemd/system"
     env_dir: str = "/etc/ddtree-deploy"  # the 0600 environment file lives here
-    # The server's API key, read on the control machine: an env var name, or a file path.
+    # The server's API key, read on the control machine: an env var name, or a file path. It
+    # reaches the host only in the 0600 env file (docs/security.md).
     api_key_env: str | None = None
     api_key_file: str | None = None
     start_timeout_s: int = 1800  # TimeoutStartSec: loading a 27B model and its draft

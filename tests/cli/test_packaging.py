@@ -27,6 +27,7 @@ print(json.dumps({
     "module": ddtree_deploy.__file__,
     "patch_sets": sorted(s.name for s in load_patch_sets()),
     "kernels_setup": (default_source_dir() / "setup.py").is_file(),
+    "kernels_launcher": (default_source_dir() / "ddtree_launch.py").is_file(),
     "unit_mentions_ddtree": "DDTREE" in render_service(cfg, None).unit_text,
 }))
 """
@@ -124,3 +125,4 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
     assert found["module"].startswith(str(target))
     assert found["patch_sets"] == sorted(s.name for s in load_patch_sets())  # the checkout's
     assert found["kernels_setup"] and found["unit_mentions_ddtree"]
+    assert found["kernels_launcher"]  # the unit's launcher (API key) ships with the kernels
