@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from ddtree_deploy.hosts.facts import HostFacts
 from ddtree_deploy.kernel_build import KernelsResult
@@ -150,3 +152,53 @@ def _offsets(plan: FilePlan) -> str:
     moved = [f"{h.patch[:4]}#{h.index}{h.offset:+d}" for h in plan.hunks if h.offset]
     count = f"{len(plan.hunks)} hunk" + ("s" if len(plan.hunks) != 1 else "")
     return count + (f", moved {' '.join(moved)}" if moved else "")
+
+
+def fleet_recap(recap: dict[str, Any]) -> None:
+    """The fleet's recap (`FleetResult.to_dict()`): one row per host, then why it halted."""
+    rows = []
+    for host in recap["hosts"]:
+        tokens, speedup = host["tokens_per_s"], host["speedup"]
+        rows.append(
+            (
+                host["host"],
+                str(host["batch"] or "-"),
+                host["verdict"],
+                "-" if host["generation"] is None else str(host["generation"]),
+                host["algo"] or "-",
+                "-" if tokens is None else f"{tokens:.1f}",
+                "-" if speedup is None else f"{speedup:.2f}x",
+                f"{host['wall_s']:.1f}s",
+                host["detail"],
+            )
+        )
+    columns = ("host", "batch", "result", "gen", "algorithm", "tok/s", "speedup", "time", "detail")
+    title = f"fleet {recap['fleet']}: action={recap['action']}"
+    console.print_table(title, columns, rows)
+    if recap["resumed_from"]:
+        console.print_line(f"continued the rollout begun in {recap['resumed_from']}")
+    if recap["halted"]:
+        console.print_line(recap["halted"], style="red")
+
+
+def fleet_status_table(fleet: str, rows: Sequence[tuple[str, HostStatus | None, str]]) -> None:
+    """`action=status` over a fleet in one table; a host without a status shows why."""
+    cells = []
+    for name, status, detail in rows:
+        if status is None:
+            cells.append((name, "-", "-", detail, "-", "-", "-", "-"))
+            continue
+        cells.append(
+            (
+                name,
+                "none" if status.generation is None else str(status.generation),
+                f"{status.algo} ({status.summary})",
+                f"{status.unit_state}, {status.enabled}",
+                status.patch_set,
+                status.kernels,
+                "; ".join(status.drift) or "none",
+                f"held by {status.locked_by}" if status.locked_by else "free",
+            )
+        )
+    columns = ("host", "gen", "algorithm", "unit", "patch set", "kernels", "drift", "lock")
+    console.print_table(f"status: fleet {fleet}", columns, cells)

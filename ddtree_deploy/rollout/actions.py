@@ -6,6 +6,7 @@ print nothing themselves; they emit events.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -289,3 +290,22 @@ def _patch_change(cfg: DeployConfig, *, reverting: bool) -> ActionOutcome:
         result = step.apply(host)
     row = PlannedStep(step.name, result.status.value, result.detail)
     return ActionOutcome(results=[row])
+
+
+# What each `action=` runs (cli dispatches on it; a fleet runs it on each host).
+HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
+    "plan": plan_action,
+    "facts": facts_action,
+    "prepare": prepare_action,
+    "render": render_action,
+    "deploy": deploy_action,
+    "rollback": rollback_action,
+    "status": status_action,
+    "build-kernels": build_kernels_action,
+    "patch": patch_action,
+    "unpatch": unpatch_action,
+    "audit": audit_action,
+    "validate": validate_action,
+    "port": port_action,
+    "tune": tune_action,
+}
