@@ -3,15 +3,15 @@
 Sits above `rollout` (each host runs the very action a single-host run would, through
 `rollout.actions.HANDLERS`) and below `cli`, which prints the live table and the recap. Pieces:
 `compose` (each host's config), `strategy` (batches, verdicts, the failure budget), `journal`
-(where a killed rollout resumes), `driver` (one host's run, in its own run folder), `walk`
+(where a killed rollout resumes), `driver` (one host's run, in its own run folder), `schedule`
 (the batches, in threads).
 """
 
 from ddtree_deploy.fleet.compose import FleetMember, compose_members, is_fleet_override
 from ddtree_deploy.fleet.driver import ActionDriver
 from ddtree_deploy.fleet.journal import FleetJournal
+from ddtree_deploy.fleet.schedule import HostDriver, walk
 from ddtree_deploy.fleet.strategy import FleetResult, HostRun, Verdict
-from ddtree_deploy.fleet.walk import HostDriver, walk
 
 __all__ = [
     "ActionDriver",

@@ -17,8 +17,8 @@ from typing import Any
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import DeployError, PreflightRefused, UnreachableHost
 from ddtree_deploy.events import JsonLinesSink, emit, sink_installed
+from ddtree_deploy.fleet.schedule import Started
 from ddtree_deploy.fleet.strategy import HostRun, Verdict
-from ddtree_deploy.fleet.walk import Started
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.lock import HostBusy, host_lock
 from ddtree_deploy.report.audit_report import write_audit_reports
@@ -36,7 +36,7 @@ _SERVING = frozenset({"deploy", "rollback", "tune", "validate"})
 
 
 class ActionDriver:
-    """Runs the fleet's action on each member (`HostDriver` for `fleet.walk`)."""
+    """Runs the fleet's action on each member (`HostDriver` for `fleet.schedule`)."""
 
     def __init__(
         self, members: Mapping[str, DeployConfig], fleet_dir: Path, fleet_emit: Callable[..., None]

@@ -1,13 +1,13 @@
 """The fleet journal on the controller: where a rollout stands, so a killed one can resume.
 
 `<runs_dir>/fleet-<name>.journal.json` holds the command (action and overrides), the run folder
-of the run that began it, each host's verdict so far and the generation it had before the
-rollout touched it (where `on_failure=rollback_all` returns it). It is rewritten whole (temp
-file, then rename) before a host starts and after it ends, so a kill at any moment leaves the
-last complete picture. The next run of the same command continues it: hosts already finished
-are not run again (`fleet.restart=true` runs them all); each host's own journal finishes or
-undoes whatever the killed run left on it. A rollout whose hosts all finished is complete, and
-the next run starts a new one.
+of the run that began the rollout, each host's verdict so far and the generation it had before
+the rollout touched it (where `on_failure=rollback_all` returns it), and whether the rollout is
+complete (every host finished). It is rewritten whole (temp file, then rename) before a host
+starts and after it ends, so a kill at any moment leaves the last complete picture. The next
+run of the same command continues an incomplete rollout: hosts already finished are not run
+again (`fleet.restart=true` runs them all); each host's own journal finishes or undoes whatever
+the killed run left on it. After a complete rollout, the next run starts a new one.
 """
 
 from __future__ import annotations
@@ -42,12 +42,15 @@ class FleetJournal:
         previous = self._load()
         self.resumed_from: str | None = None
         self.hosts: dict[str, dict[str, Any]] = {}
-        if previous is not None and previous.get("command") == self.command:
-            entries = previous.get("hosts", {})
-            if not all(e.get("verdict") in FINISHED for e in entries.values()):
-                self.resumed_from = str(previous.get("run_dir"))
-                self.hosts = entries
+        if (
+            previous is not None
+            and previous.get("command") == self.command
+            and not previous.get("complete")
+        ):
+            self.resumed_from = str(previous.get("run_dir"))
+            self.hosts = previous.get("hosts", {})
         self.run_dir = self.resumed_from or str(run_dir)
+        self.complete = False
 
     @classmethod
     def for_fleet(
@@ -80,6 +83,12 @@ class FleetJournal:
             entry.update({k: v.value if isinstance(v, Verdict) else v for k, v in fields.items()})
             self._write()
 
+    def close(self, verdicts: Sequence[Verdict]) -> None:
+        """End this run's part: the rollout is complete when every host finished."""
+        with self._lock:
+            self.complete = all(v in FINISHED for v in verdicts)
+            self._write()
+
     def start_over(self) -> None:
         """Forget the rollout this run would have continued (`fleet.restart=true`)."""
         with self._lock:
@@ -87,7 +96,12 @@ class FleetJournal:
 
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"command": self.command, "run_dir": self.run_dir, "hosts": self.hosts}
+        data = {
+            "command": self.command,
+            "run_dir": self.run_dir,
+            "complete": self.complete,
+            "hosts": self.hosts,
+        }
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         tmp.replace(self.path)

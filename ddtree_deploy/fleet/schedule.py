@@ -93,6 +93,8 @@ def walk(
     if halted and fleet.on_failure is OnFailure.rollback_all:
         results.update(_roll_back_all(results, driver, journal, emit))
     ordered = tuple(results[name] for name in fleet.hosts)
+    if journal is not None:
+        journal.close([r.verdict for r in ordered])
     emit("fleet.end", verdicts={r.name: r.verdict.value for r in ordered})
     return FleetResult(
         fleet.name,
