@@ -18,7 +18,14 @@ from pathlib import Path
 from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import JsonLinesSink, bound_emit, emit, sink_installed
-from ddtree_deploy.fleet import ActionDriver, FleetJournal, FleetResult, compose_members, walk
+from ddtree_deploy.fleet import (
+    ActionDriver,
+    FleetJournal,
+    FleetResult,
+    compose_members,
+    fleet_level,
+    walk,
+)
 from ddtree_deploy.fleet.journal import RESUMABLE, command_key
 from ddtree_deploy.patching.audit import AuditReport
 from ddtree_deploy.patching.port import PortReport, write_candidate
@@ -56,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root_logger = logging.getLogger()
     root_logger.addHandler(logging.NullHandler())
     try:
-        cfg = compose_config(args)
+        fleet_args = fleet_level(args)  # a fleet's hosts are composed (and checked) one by one
+        cfg = compose_config(args if fleet_args is None else fleet_args)
         run_dir = _run_dir(cfg)
         log_handler = logging.FileHandler(run_dir / "debug.log")
         log_handler.setFormatter(

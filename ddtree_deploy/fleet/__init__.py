@@ -7,7 +7,12 @@ Sits above `rollout` (each host runs the very action a single-host run would, th
 (the batches, in threads).
 """
 
-from ddtree_deploy.fleet.compose import FleetMember, compose_members, is_fleet_override
+from ddtree_deploy.fleet.compose import (
+    FleetMember,
+    compose_members,
+    fleet_level,
+    is_fleet_override,
+)
 from ddtree_deploy.fleet.driver import ActionDriver
 from ddtree_deploy.fleet.journal import FleetJournal
 from ddtree_deploy.fleet.schedule import HostDriver, walk
@@ -22,6 +27,7 @@ __all__ = [
     "HostRun",
     "Verdict",
     "compose_members",
+    "fleet_level",
     "is_fleet_override",
     "walk",
 ]

@@ -16,7 +16,10 @@ from ddtree_deploy.config.schema import FleetConfig
 from ddtree_deploy.errors import ConfigError
 
 _FLEET_OVERRIDE = re.compile(r"^[+~]*fleet(=|\.|$)")
+_FLEET_OPTION = re.compile(r"^\+*fleet=")
 _HOST_OPTION = re.compile(r"^[+~]*host=")
+# What the fleet's own config reads besides the fleet: the action, the run folder, the search path.
+_FLEET_LEVEL = re.compile(r"^[+~]*(action|output)=|^[+~]*(rollout|hydra)\.")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,14 @@ class FleetMember:
 def is_fleet_override(arg: str) -> bool:
     """Whether a command-line override concerns the fleet (`fleet=ct`, `fleet.batch_size=3`)."""
     return bool(_FLEET_OVERRIDE.match(arg))
+
+
+def fleet_level(args: Sequence[str]) -> list[str] | None:
+    """The overrides the fleet's own config is composed from when `args` name a fleet (None
+    when they do not); every other override applies to each host, and is checked there."""
+    if not any(_FLEET_OPTION.match(arg) for arg in args):
+        return None
+    return [arg for arg in args if is_fleet_override(arg) or _FLEET_LEVEL.match(arg)]
 
 
 def compose_members(fleet: FleetConfig, args: Sequence[str]) -> list[FleetMember]:

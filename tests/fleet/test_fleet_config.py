@@ -14,7 +14,7 @@ from ddtree_deploy.cli import main
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.config.schema import OnFailure
 from ddtree_deploy.errors import ConfigError
-from ddtree_deploy.fleet import compose_members
+from ddtree_deploy.fleet import compose_members, fleet_level
 
 FLEET_DIR = "fleet"
 
@@ -121,3 +121,9 @@ def test_unreachable_fleet_reports_every_host_and_exits_3(
     assert (run_dir / "ct129" / "events.jsonl").is_file()
     journal = json.loads((tmp_path / "fleet-ct.journal.json").read_text())
     assert journal["complete"] is False and journal["hosts"]["ct129"]["verdict"] == "unreachable"
+
+
+def test_fleet_level_config_leaves_host_overrides_to_each_host() -> None:
+    args = ["fleet=ct", "host.transport=ssh", "algo=dflash", "action=deploy", "rollout.runs_dir=r"]
+    assert fleet_level(args) == ["fleet=ct", "action=deploy", "rollout.runs_dir=r"]
+    assert fleet_level(["host=ct129", "fleet.batch_size=2"]) is None  # no fleet named
