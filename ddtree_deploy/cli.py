@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
+from ddtree_deploy.config.schema import OnFailure
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import JsonLinesSink, bound_emit, emit, sink_installed
 from ddtree_deploy.fleet import (
@@ -214,7 +215,12 @@ def _run_fleet(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
     live = console.FleetLive()
     try:
         with sink_installed(live):
-            driver = ActionDriver({m.name: m.cfg for m in members}, run_dir, bound_emit())
+            driver = ActionDriver(
+                {m.name: m.cfg for m in members},
+                run_dir,
+                bound_emit(),
+                record_before=fleet.on_failure is OnFailure.rollback_all,
+            )
             result = walk(fleet, cfg.action, driver, journal)
     finally:
         live.close()

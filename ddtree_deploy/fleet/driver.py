@@ -39,11 +39,19 @@ class ActionDriver:
     """Runs the fleet's action on each member (`HostDriver` for `fleet.schedule`)."""
 
     def __init__(
-        self, members: Mapping[str, DeployConfig], fleet_dir: Path, fleet_emit: Callable[..., None]
+        self,
+        members: Mapping[str, DeployConfig],
+        fleet_dir: Path,
+        fleet_emit: Callable[..., None],
+        *,
+        record_before: bool,
     ) -> None:
+        """`record_before`: read each changing host's generation before its run for the journal
+        (what `on_failure=rollback_all` returns it to); otherwise no extra connection."""
         self.members = members
         self.fleet_dir = fleet_dir
         self.fleet_emit = fleet_emit
+        self.record_before = record_before
 
     def run(self, name: str, started: Started) -> HostRun:
         cfg = self.members[name]
@@ -75,7 +83,7 @@ class ActionDriver:
     def _act(self, cfg: DeployConfig, run_dir: Path, started: Started) -> HostRun:
         name = cfg.host.name
         try:
-            if cfg.action in _CHANGING:
+            if self.record_before and cfg.action in _CHANGING:
                 started(_state(cfg)["generation"])
             outcome = HANDLERS[cfg.action](cfg)
         except DeployError as err:
@@ -85,7 +93,9 @@ class ActionDriver:
                 write_run_report(run_dir, record.to_dict())
             return self._failed(cfg, err, record)
         _write_reports(run_dir, outcome)
-        state = _state(cfg) if cfg.action in _SERVING else {}
+        state: dict[str, Any] = {"generation": outcome.generation, "summary": outcome.serving}
+        if outcome.serving is None and cfg.action in _SERVING:  # validate, tune: ask the host
+            state = _state(cfg)
         tokens, speedup = _figures(outcome.validation)
         changed = _changed(outcome)
         verdict = Verdict.changed if changed else Verdict.ok

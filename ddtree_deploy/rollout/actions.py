@@ -65,6 +65,9 @@ class ActionOutcome:
     validation: ValidationRecord | None = None  # the gates' record (action=deploy)
     audit: AuditReport | None = None  # action=audit; the CLI writes its report files
     port: PortReport | None = None  # action=port; the CLI writes the candidate and reports
+    # What the host serves after deploy or rollback: its current generation and what it runs.
+    generation: int | None = None
+    serving: str | None = None
 
 
 def _locked(cfg: DeployConfig, host: ShellHost) -> AbstractContextManager[object]:
@@ -133,6 +136,8 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
         results=results,
         summary=f"{cfg.host.name}: {outcome.changed} step(s) changed; {where} is current.",
         validation=record,
+        generation=outcome.generation,
+        serving=algo_summary(cfg),
     )
 
 
@@ -186,6 +191,8 @@ def rollback_action(cfg: DeployConfig) -> ActionOutcome:
             f"{cfg.host.name}: rolled back{came_from} to generation {outcome.to_generation} "
             f"({outcome.summary}); the unit is {outcome.unit_state}."
         ),
+        generation=outcome.to_generation,
+        serving=outcome.summary,
     )
 
 
