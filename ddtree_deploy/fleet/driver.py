@@ -96,7 +96,7 @@ class ActionDriver:
         state: dict[str, Any] = {"generation": outcome.generation, "summary": outcome.serving}
         if outcome.serving is None and cfg.action in _SERVING:  # validate, tune: ask the host
             state = _state(cfg)
-        tokens, speedup = _figures(outcome.validation)
+        tokens, speedup = figures(outcome.validation)
         changed = _changed(outcome)
         verdict = Verdict.changed if changed else Verdict.ok
         if outcome.exit_code:
@@ -104,7 +104,7 @@ class ActionDriver:
         return HostRun(
             name,
             verdict,
-            outcome.summary or _summary(outcome, verdict),
+            (outcome.summary or _summary(outcome, verdict)).removeprefix(f"{name}: "),
             outcome.exit_code,
             generation=state.get("generation"),
             algo=str(state.get("summary") or state.get("algo") or ""),
@@ -128,7 +128,7 @@ class ActionDriver:
                 state = _state(cfg)
             except DeployError:
                 state = {}
-        tokens, speedup = _figures(record)
+        tokens, speedup = figures(record)
         return HostRun(
             cfg.host.name,
             verdict,
@@ -221,7 +221,7 @@ def _summary(outcome: ActionOutcome, verdict: Verdict) -> str:
     return verdict.value
 
 
-def _figures(record: ValidationRecord | None) -> tuple[float | None, float | None]:
+def figures(record: ValidationRecord | None) -> tuple[float | None, float | None]:
     """The last measured tokens/s and the tree gate's speedup, where the run measured them."""
     if record is None:
         return None, None

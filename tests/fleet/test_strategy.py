@@ -1,4 +1,5 @@
-"""The fleet's scheduling logic on CPU: batches, the failure budget, halt, rollback_all, resume.
+"""The fleet's scheduling logic on CPU: batches, the failure budget, halt, rollback_all, resume
+(and the recap's figures, read from a validation record).
 
 `ScriptedHosts` is a TEST DOUBLE for the per-host runs, standing in for the scheduling logic
 only: each host's verdict is scripted, and what the walk asked of each host is recorded. The
@@ -16,9 +17,12 @@ import pytest
 from ddtree_deploy.config.schema import FleetConfig, FleetHostConfig, OnFailure
 from ddtree_deploy.events import sink_installed
 from ddtree_deploy.fleet import FleetJournal, HostRun, Verdict, walk
+from ddtree_deploy.fleet.driver import figures
 from ddtree_deploy.fleet.journal import command_key
 from ddtree_deploy.fleet.schedule import Started
 from ddtree_deploy.fleet.strategy import batches
+from ddtree_deploy.validate.gates import GateResult, Outcome
+from ddtree_deploy.validate.record import PhaseRecord, ValidationRecord
 
 COMMAND = ["fleet=lab", "algo=ddtree", "action=deploy"]
 
@@ -259,3 +263,15 @@ def test_a_bug_in_one_host_fails_that_host_only(tmp_path: Path) -> None:
     result = walk(fleet("a", "b", max_failures=1), "deploy", Buggy(), journal(tmp_path))
     assert [r.verdict for r in result.hosts] == [Verdict.changed, Verdict.failed]
     assert "internal error: KeyError" in result.hosts[1].detail
+
+
+def test_recap_takes_tree_tokens_and_speedup_from_the_tree_gate() -> None:
+    record = ValidationRecord("lab1", "DDTREE tree, budget 15, topk 4")
+    baseline = {"tokens_per_s": 60.0}
+    record.phases.append(PhaseRecord("baseline", "linear DFLASH", 1, (), baseline))
+    tree = GateResult(
+        "tree", Outcome.passed, "faster", {"tree_tokens_per_s": 81.5, "speedup": 1.358}
+    )
+    record.phases.append(PhaseRecord("tree", "DDTREE tree", 3, (tree,), {"tokens_per_s": 80.0}))
+    assert figures(record) == (81.5, 1.358)
+    assert figures(ValidationRecord("lab1", "linear DFLASH")) == (None, None)
