@@ -1,11 +1,12 @@
-"""`ddtree-deploy fleet=... action=deploy|status` on three systemd containers running the stand-in.
+"""`ddtree-deploy fleet=... action=deploy|plan|status` on three systemd containers running the
+stand-in.
 
 Each container runs the stand-in SGLang server (a test double, see tests/standin/server.py) as
 its unit; the first is the session's `standin_lab`, two more are booted here (about 10 s each).
 The tests share one unit per host ("fleet") and run in file order (ONE_WORKER_FILES): a rollout
 killed between its canary and its batch, finished by the same command; the same command again,
-a no-op; a failed gate under halt, then under rollback_all; status over the fleet, one host
-unreachable. Linear DFlash (algo=dflash) keeps each validated deploy short: the gates still run
+a no-op; a host whose lock another run holds; a failed gate under halt, then under
+rollback_all; status over the fleet, one host unreachable. Linear DFlash (algo=dflash) keeps each validated deploy short: the gates still run
 (unit, health, server info, health_generate, the baseline measurement).
 """
 
@@ -25,6 +26,7 @@ from product_hosts import ssh_host_overrides
 from validate.conftest import StandinLab, boot_standin_lab, key_file
 
 from ddtree_deploy.cli import main
+from ddtree_deploy.hosts.lock import host_lock
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
@@ -183,6 +185,22 @@ def test_same_command_again_touches_no_service(labs: dict[str, StandinLab], runs
         "no-op re-deploy, tool's own time per host:",
         {h["host"]: h["wall_s"] for h in recap["hosts"]},
     )
+
+
+def test_host_another_run_holds_is_refused_while_the_others_go_on(
+    labs: dict[str, StandinLab], runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*fleet_args(labs, runs, batch_size=3), "fleet.max_failures=1"]
+    with labs["lab3"].connect() as host, host_lock(host, STATE_DIR, "deploy"):
+        assert main([*args, "action=deploy"]) == 9  # HostBusy's code
+    recap = last_recap(runs)
+    assert verdicts(recap) == {"lab1": "ok", "lab2": "ok", "lab3": "refused"}
+    assert "lab3 is busy" in recap["hosts"][2]["detail"]
+
+    capsys.readouterr()
+    assert main([*args, "action=plan"]) == 0  # every host's plan, read only
+    out = capsys.readouterr().out
+    assert [name for name in NAMES if f"plan: {name}" in out] == list(NAMES)
 
 
 def test_failed_gate_under_halt_finishes_its_batch_and_starts_no_other(
