@@ -166,7 +166,7 @@ class ActionDriver:
         return HostRun(
             name,
             Verdict.rolled_back,
-            f"{name}: rolled back{came_from} to generation {outcome.to_generation} "
+            f"rolled back{came_from} to generation {outcome.to_generation} "
             f"({outcome.summary}); the unit is {outcome.unit_state}.",
             generation=outcome.to_generation,
             algo=outcome.summary,

@@ -161,7 +161,7 @@ def _roll_back_all(
                 algo=restored.algo,
             )
         else:
-            result = replace(restored, batch=run.batch)
+            result = replace(restored, batch=run.batch, wall_s=run.wall_s + restored.wall_s)
         _finished(result, journal, emit)
         return result
 

@@ -17,6 +17,9 @@ from ddtree_deploy.rollout.status import HostStatus
 from ddtree_deploy.service.lint import LintReport
 from ddtree_deploy.service.render import RenderedService
 
+# Fleet verdicts (ddtree_deploy.fleet.strategy.Verdict values): as asked, and failures.
+_AS_ASKED = frozenset({"changed", "ok", "done"})
+_FLEET_FAILURES = frozenset({"failed", "refused", "unreachable"})
 _VERDICT_STYLE = {Verdict.ok: "green", Verdict.mismatch: "red", Verdict.staging: "yellow"}
 
 
@@ -155,7 +158,8 @@ def _offsets(plan: FilePlan) -> str:
 
 
 def fleet_recap(recap: dict[str, Any]) -> None:
-    """The fleet's recap (`FleetResult.to_dict()`): one row per host, then why it halted."""
+    """The fleet's recap (`FleetResult.to_dict()`): one row per host, then one line for each
+    host that did not end as asked (the full sentences are also in recap.md)."""
     rows = []
     for host in recap["hosts"]:
         tokens, speedup = host["tokens_per_s"], host["speedup"]
@@ -169,12 +173,14 @@ def fleet_recap(recap: dict[str, Any]) -> None:
                 "-" if tokens is None else f"{tokens:.1f}",
                 "-" if speedup is None else f"{speedup:.2f}x",
                 f"{host['wall_s']:.1f}s",
-                host["detail"],
             )
         )
-    columns = ("host", "batch", "result", "gen", "algorithm", "tok/s", "speedup", "time", "detail")
-    title = f"fleet {recap['fleet']}: action={recap['action']}"
-    console.print_table(title, columns, rows)
+    columns = ("host", "batch", "result", "gen", "algorithm", "tok/s", "speedup", "time")
+    console.print_table(f"fleet {recap['fleet']}: action={recap['action']}", columns, rows)
+    for host in recap["hosts"]:
+        if host["verdict"] not in _AS_ASKED:
+            style = "red" if host["verdict"] in _FLEET_FAILURES else "yellow"
+            console.print_line(f"{host['host']}: {host['verdict']}: {host['detail']}", style=style)
     if recap["resumed_from"]:
         console.print_line(f"continued the rollout begun in {recap['resumed_from']}")
     if recap["halted"]:
