@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
@@ -214,7 +214,7 @@ def _run_fleet(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
         journal = FleetJournal.for_fleet(runs, fleet.name, command_key(args), run_dir)
     live = console.FleetLive()
     try:
-        with sink_installed(live):
+        with sink_installed(live), journal.held() if journal is not None else nullcontext():
             driver = ActionDriver(
                 {m.name: m.cfg for m in members},
                 run_dir,

@@ -12,14 +12,17 @@ the killed run left on it. After a complete rollout, the next run starts a new o
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ddtree_deploy.errors import DeployError
 from ddtree_deploy.fleet.strategy import FINISHED, Verdict
 
 # Actions whose rollout can be resumed (the read-only ones simply run again).
@@ -32,6 +35,12 @@ def command_key(args: Sequence[str]) -> list[str]:
     return [arg for arg in args if not _RESTART.match(arg)]
 
 
+class FleetBusy(DeployError):
+    """Another run on this controller is rolling the same fleet out."""
+
+    exit_code = 9  # as a host another run holds
+
+
 class FleetJournal:
     """One fleet's journal file; thread-safe (hosts of a batch record at once)."""
 
@@ -39,17 +48,10 @@ class FleetJournal:
         self.path = path
         self.command = list(command)
         self._lock = threading.Lock()
-        previous = self._load()
         self.resumed_from: str | None = None
         self.hosts: dict[str, dict[str, Any]] = {}
-        if (
-            previous is not None
-            and previous.get("command") == self.command
-            and not previous.get("complete")
-        ):
-            self.resumed_from = str(previous.get("run_dir"))
-            self.hosts = previous.get("hosts", {})
-        self.run_dir = self.resumed_from or str(run_dir)
+        self._own_run_dir = self.run_dir = str(run_dir)
+        self._resume()
         self.complete = False
 
     @classmethod
@@ -57,6 +59,33 @@ class FleetJournal:
         cls, runs_dir: Path, fleet: str, command: Sequence[str], run_dir: Path
     ) -> FleetJournal:
         return cls(runs_dir / f"fleet-{fleet}.journal.json", command, run_dir)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the fleet's rollout for the block (`flock` on `<journal>.lock`), so two runs of
+        one fleet on this controller never write one journal; a second is refused, not queued."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        with lock_path.open("a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                raise FleetBusy(
+                    f"{self.path.name} is held by {holder} on this controller, which is rolling "
+                    "this fleet out now; wait for it to finish (each host keeps its own lock)."
+                ) from None
+            lock.truncate(0)
+            lock.write(f"pid {os.getpid()}\n")
+            lock.flush()
+            with self._lock:  # read again under the lock: the last run may have just ended
+                self.resumed_from, self.hosts, self.run_dir = None, {}, self._own_run_dir
+                self._resume()
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def finished(self) -> set[str]:
         """Hosts an earlier run of this rollout finished (changed or already as asked)."""
@@ -93,6 +122,18 @@ class FleetJournal:
         """Forget the rollout this run would have continued (`fleet.restart=true`)."""
         with self._lock:
             self.hosts, self.resumed_from = {}, None
+
+    def _resume(self) -> None:
+        """Take over the rollout the journal file holds, when it is this command's, unfinished."""
+        previous = self._load()
+        if (
+            previous is not None
+            and previous.get("command") == self.command
+            and not previous.get("complete")
+        ):
+            self.resumed_from = str(previous.get("run_dir"))
+            self.hosts = previous.get("hosts", {})
+            self.run_dir = self.resumed_from
 
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

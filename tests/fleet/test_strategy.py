@@ -8,6 +8,7 @@ real per-host runs (SSH, systemd, the gates) are tested on container hosts in te
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +19,7 @@ from ddtree_deploy.config.schema import FleetConfig, FleetHostConfig, OnFailure
 from ddtree_deploy.events import sink_installed
 from ddtree_deploy.fleet import FleetJournal, HostRun, Verdict, walk
 from ddtree_deploy.fleet.driver import figures
-from ddtree_deploy.fleet.journal import command_key
+from ddtree_deploy.fleet.journal import FleetBusy, command_key
 from ddtree_deploy.fleet.schedule import Started
 from ddtree_deploy.fleet.strategy import batches
 from ddtree_deploy.validate.gates import GateResult, Outcome
@@ -275,3 +276,18 @@ def test_recap_takes_tree_tokens_and_speedup_from_the_tree_gate() -> None:
     record.phases.append(PhaseRecord("tree", "DDTREE tree", 3, (tree,), {"tokens_per_s": 80.0}))
     assert figures(record) == (81.5, 1.358)
     assert figures(ValidationRecord("lab1", "linear DFLASH")) == (None, None)
+
+
+def test_second_run_of_a_fleet_on_this_controller_is_refused(tmp_path: Path) -> None:
+    first, second = journal(tmp_path), journal(tmp_path)
+    with first.held(), pytest.raises(FleetBusy, match=f"pid {os.getpid()}"), second.held():
+        pass
+    with second.held():  # free again once the first ended
+        pass
+
+
+def test_host_a_kill_left_running_is_run_again(tmp_path: Path) -> None:
+    killed = journal(tmp_path)
+    killed.record("a", verdict=Verdict.changed, running=False)
+    killed.record("b", running=True, batch=2)  # intent written, no verdict: killed mid-run
+    assert journal(tmp_path).finished() == {"a"}
