@@ -233,7 +233,10 @@ def _run_fleet(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
 
 def _render_fleet(result: FleetResult) -> None:
     if result.action == "status":  # one table over the fleet
-        rows = [(r.name, r.outcome.status if r.outcome else None, r.detail) for r in result.hosts]
+        rows = [
+            (r.name, r.outcome.status if r.outcome else None, r.verdict.value, r.detail)
+            for r in result.hosts
+        ]
         render.fleet_status_table(result.fleet, rows)
         return
     if result.action == "plan":

@@ -187,12 +187,12 @@ def fleet_recap(recap: dict[str, Any]) -> None:
         console.print_line(recap["halted"], style="red")
 
 
-def fleet_status_table(fleet: str, rows: Sequence[tuple[str, HostStatus | None, str]]) -> None:
-    """`action=status` over a fleet in one table; a host without a status shows why."""
+def fleet_status_table(fleet: str, rows: Sequence[tuple[str, HostStatus | None, str, str]]) -> None:
+    """`action=status` over a fleet in one table; a line below says why a host has none."""
     cells = []
-    for name, status, detail in rows:
+    for name, status, verdict, _ in rows:
         if status is None:
-            cells.append((name, "-", "-", detail, "-", "-", "-", "-"))
+            cells.append((name, "-", "-", verdict, "-", "-", "-", "-"))
             continue
         cells.append(
             (
@@ -208,3 +208,6 @@ def fleet_status_table(fleet: str, rows: Sequence[tuple[str, HostStatus | None, 
         )
     columns = ("host", "gen", "algorithm", "unit", "patch set", "kernels", "drift", "lock")
     console.print_table(f"status: fleet {fleet}", columns, cells)
+    for name, status, _, detail in rows:
+        if status is None:
+            console.print_line(f"{name}: {detail}", style="red")

@@ -262,3 +262,4 @@ def test_status_over_the_fleet_is_one_table_and_an_unreachable_host_fails_it(
     recap = last_recap(runs)
     assert verdicts(recap) == {"lab1": "ok", "lab2": "ok", "lab3": "ok", "gone": "unreachable"}
     assert recap["hosts"][3]["detail"].startswith("Cannot reach gone")
+    assert "gone: Cannot reach gone" in " ".join(out.split())
