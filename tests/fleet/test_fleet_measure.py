@@ -17,7 +17,6 @@ from product_hosts import ssh_host_overrides
 from validate.conftest import StandinLab
 
 from ddtree_deploy.cli import main
-from ddtree_deploy.hosts.ssh import SshHost
 from fleet.test_fleet_hosts import NAMES, fleet_args, labs, last_recap, runs
 
 __all__ = ["labs", "runs"]  # the module fixtures, shared with test_fleet_hosts.py
@@ -51,7 +50,6 @@ def with_unit(args: list[str], unit: str, port: int) -> list[str]:
 
 def stop(labs: dict[str, StandinLab], unit: str) -> None:
     for lab in labs.values():
-        host: SshHost
         with lab.connect() as host:
             host.run(["systemctl", "stop", f"{unit}.service"], check=False)
 
