@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Sequence
 
 from ddtree_deploy.config import ACTIONS, GroupOptions
+from ddtree_deploy.config.schema import FLEET_ACTIONS
 
 WIDTH = 80
 
@@ -53,9 +54,15 @@ def usage_text(groups: Sequence[GroupOptions]) -> str:
             initial_indent=f"  {g.group:<{group_width}}",
             subsequent_indent=" " * (2 + group_width),
         )
+    fleet = (
+        "fleet=NAME instead of host=: the action on every host of conf/fleet/NAME.yaml, "
+        f"canary first ({' '.join(FLEET_ACTIONS)}; docs/fleet.md)."
+    )
     return "\n".join(
         [
-            _HEAD,
+            _HEAD.rstrip("\n"),
+            *textwrap.wrap(fleet, WIDTH),
+            "",
             "actions (action=NAME, default plan):",
             *actions,
             "",
