@@ -79,13 +79,9 @@ def walk(
         emit("fleet.batch", batch=number, hosts=todo)
         for run in _run_batch(todo, number, driver, journal, emit):
             results[run.name] = run
-        if action not in READ_ONLY and over_budget(list(results.values()), fleet.max_failures):
-            failed = [r.name for r in results.values() if r.verdict in FAILURES]
-            halted = (
-                f"{len(failed)} host(s) failed ({', '.join(failed)}), more than "
-                f"max_failures={fleet.max_failures}; no further batch started "
-                f"(on_failure={fleet.on_failure.value})."
-            )
+        if action not in READ_ONLY:
+            halted = _halt_sentence(fleet, todo, results)
+        if halted is not None:
             emit("fleet.halted", sentence=halted)
             break
     for name in fleet.hosts:
@@ -104,6 +100,27 @@ def walk(
         journal.resumed_from if journal is not None else None,
         time.monotonic() - began,
     )
+
+
+def _halt_sentence(
+    fleet: FleetConfig, batch: Sequence[str], results: dict[str, HostRun]
+) -> str | None:
+    """Why no further batch may start after `batch`, or None. A canary exists to stop a bad
+    rollout on its first host, so a failed canary halts whatever `max_failures` allows."""
+    failed = [r.name for r in results.values() if r.verdict in FAILURES]
+    canaries = [name for name in batch if name in fleet.canary and name in failed]
+    if canaries:
+        return (
+            f"canary {canaries[0]} failed; no further batch started "
+            f"(on_failure={fleet.on_failure.value})."
+        )
+    if over_budget(list(results.values()), fleet.max_failures):
+        return (
+            f"{len(failed)} host(s) failed ({', '.join(failed)}), more than "
+            f"max_failures={fleet.max_failures}; no further batch started "
+            f"(on_failure={fleet.on_failure.value})."
+        )
+    return None
 
 
 def _run_batch(

@@ -166,6 +166,17 @@ def test_failure_within_the_budget_lets_the_rollout_go_on(tmp_path: Path) -> Non
     assert result.exit_code == 3  # an unreachable host still fails the run
 
 
+def test_failed_canary_halts_even_within_the_failure_budget(tmp_path: Path) -> None:
+    hosts = ScriptedHosts({"a": Verdict.failed})
+    result = walk(
+        fleet("a", "b", "c", canary=("a",), max_failures=1), "deploy", hosts, journal(tmp_path)
+    )
+
+    assert [r.verdict for r in result.hosts] == [Verdict.failed, Verdict.skipped, Verdict.skipped]
+    assert hosts.ran == ["a"]
+    assert result.halted == "canary a failed; no further batch started (on_failure=halt)."
+
+
 def test_rollback_all_returns_every_changed_host_to_its_generation_before(tmp_path: Path) -> None:
     hosts = ScriptedHosts({"c": Verdict.failed}, generations={"a": 4, "b": 7, "c": 2, "d": 1})
     result = walk(
