@@ -30,6 +30,7 @@ from run import (
     run_cells,
     trained_validation,
 )
+from validate.conftest import free_port
 
 from ddtree_deploy.config import compose_config
 
@@ -224,7 +225,7 @@ def test_the_key_check_finds_a_key_on_a_command_line_and_passes_the_launchers_se
 ) -> None:
     """key_exposure on real processes: a server group started the way the product's unit starts
     it is clean; the same server given `--api-key` on its command line is caught."""
-    key, port = "lab-key-3f9c", 31277 + through_launcher
+    key, port = "lab-key-3f9c", free_port()
     (tmp_path / "keyprobe.py").write_text(KEY_PROBE)
     kernels = Path(__file__).resolve().parents[2] / "kernels"
     env = {**os.environ, "PYTHONPATH": f"{kernels}{os.pathsep}{tmp_path}", "LAB_KEY": key}

@@ -57,7 +57,7 @@ class LocalStandin:
     process: subprocess.Popen[bytes]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A free port below 55536: SGLang refuses ports whose derived gRPC port (+10000) overflows."""
     for port in random.sample(range(20000, 50000), 200):
         with socket.socket() as sock:
@@ -76,7 +76,7 @@ def start_local_standin(
     for relative, text in model_configs().items():
         (models / relative).parent.mkdir(parents=True, exist_ok=True)
         (models / relative).write_text(text)
-    port = _free_port()
+    port = free_port()
     argv = [
         str(root / "venv" / "bin" / "python"),
         "-m",
