@@ -203,15 +203,15 @@ def test_host_another_run_holds_is_refused_while_the_others_go_on(
     assert [name for name in NAMES if f"plan: {name}" in out] == list(NAMES)
 
 
+# lab2's server refuses an unknown flag, so its unit crash-loops and its first gate fails.
+LAB2_FAILS = {"lab2": ["service.extra_args=[--device,cpu,--no-such-flag]"]}
+
+
 def test_failed_gate_under_halt_finishes_its_batch_and_starts_no_other(
     labs: dict[str, StandinLab], runs: Path
 ) -> None:
     before = {name: state(lab)["generation"] for name, lab in labs.items()}
-    args = fleet_args(
-        labs,
-        runs,
-        per_host={"lab2": ["service.extra_args=[--device,cpu,--no-such-flag]"]},
-    )
+    args = fleet_args(labs, runs, per_host=LAB2_FAILS)
     assert main([*args, "+service.environment.FLEET_ROUND=halt", "action=deploy"]) == 10
     recap = last_recap(runs)
     assert verdicts(recap) == {"lab1": "changed", "lab2": "failed", "lab3": "skipped"}
@@ -228,12 +228,7 @@ def test_failed_gate_under_rollback_all_returns_changed_hosts_to_where_they_were
     labs: dict[str, StandinLab], runs: Path
 ) -> None:
     before = {name: state(lab)["generation"] for name, lab in labs.items()}
-    args = fleet_args(
-        labs,
-        runs,
-        on_failure="rollback_all",
-        per_host={"lab2": ["service.extra_args=[--device,cpu,--no-such-flag]"]},
-    )
+    args = fleet_args(labs, runs, on_failure="rollback_all", per_host=LAB2_FAILS)
     assert main([*args, "+service.environment.FLEET_ROUND=all", "action=deploy"]) == 10
     recap = last_recap(runs)
     assert verdicts(recap) == {"lab1": "rolled back", "lab2": "failed", "lab3": "skipped"}
