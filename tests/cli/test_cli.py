@@ -16,6 +16,7 @@ from staging import require_staging_venv
 
 from ddtree_deploy.cli import _run_dir, main
 from ddtree_deploy.config import ACTIONS, compose_config, group_options
+from ddtree_deploy.config.schema import FLEET_ACTIONS
 from ddtree_deploy.patching.manifest import select_patch_set
 from ddtree_deploy.report.usage import ACTION_SUMMARIES
 
@@ -56,6 +57,8 @@ def test_main_help_lists_groups_actions_and_docs_on_one_80x40_screen(
         assert all(o in words or f"{o}*" in words for o in group.options), group
     assert "local*" in words and "qwen3_8b*" in words  # the defaults are marked
     assert "docs/troubleshooting.md:" in words
+    # How to act on a fleet, and which actions it takes.
+    assert "fleet=NAME" in words and f"({' '.join(FLEET_ACTIONS)};" in " ".join(words)
 
 
 def test_every_action_has_a_help_summary() -> None:
