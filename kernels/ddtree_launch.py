@@ -5,11 +5,15 @@
 SGLang reads its API key only from `--api-key`, and an argument systemd passes to the program
 stands in `/proc/<pid>/cmdline`, which every local user can read. The unit runs this module
 instead: it takes the key out of the environment variable `VAR` (set by the 0600 environment
-file), removes `VAR` from the environment so that the server's child processes do not inherit
-it, appends `--api-key` to `sys.argv` in this process (a change to `sys.argv` never reaches
-`/proc/<pid>/cmdline`), and runs `MODULE` as `__main__`, as `python -m MODULE` would. SGLang
-logs its whole `ServerArgs` at start, key included, so every log record of this process has the
-key masked before any handler (the journal) sees it.
+file) and executes itself again, in the same process, with `VAR` gone from the environment and
+the key in a pipe whose descriptor it names (`--api-key-fd N`). Removing `VAR` alone is not
+enough: `/proc/<pid>/environ` shows the environment a program was started with, whatever it
+unsets later, and every process forked from it without an exec shows the same (on the GPU lab's
+SGLang 0.5.11 one such process of the server's group held the key). The second start reads the
+key from the pipe, appends `--api-key` to `sys.argv` in this process (a change to `sys.argv`
+never reaches `/proc/<pid>/cmdline`), and runs `MODULE` as `__main__`, as `python -m MODULE`
+would. SGLang logs its whole `ServerArgs` at start, key included, so every log record of this
+process has the key masked before any handler (the journal) sees it.
 
 Standard library only, and outside the `ddtree_kernels` package: importing that package imports
 torch, and SGLang sets environment variables that must come before torch's import.
@@ -25,15 +29,17 @@ from collections.abc import Sequence
 
 USAGE = "usage: python -m ddtree_launch --api-key-env VAR MODULE [SERVER ARGS...]"
 KEY_FLAGS = ("--api-key", "--admin-api-key")
+KEY_FD_FLAG = "--api-key-fd"  # the second start's first argument: the key's pipe, not the user's
+MAX_KEY_BYTES = 16384  # well inside a pipe's buffer, so writing it before the exec cannot block
 
 
 class LaunchRefused(Exception):
     """The launcher cannot start the server; `str` is the one sentence the journal shows."""
 
 
-def split_command(argv: Sequence[str]) -> tuple[str, str, list[str]]:
-    """(VAR, MODULE, server args) from the launcher's own arguments."""
-    if len(argv) < 3 or argv[0] != "--api-key-env" or argv[2].startswith("-"):
+def split_command(argv: Sequence[str], flag: str = "--api-key-env") -> tuple[str, str, list[str]]:
+    """(the flag's value, MODULE, server args) from the launcher's own arguments."""
+    if len(argv) < 3 or argv[0] != flag or argv[2].startswith("-"):
         raise LaunchRefused(f"ddtree_launch needs --api-key-env VAR and a module first; {USAGE}")
     var, module, server_args = argv[1], argv[2], list(argv[3:])
     given = [a for a in server_args if a.split("=", 1)[0] in KEY_FLAGS]
@@ -53,7 +59,30 @@ def take_key(var: str) -> str:
             f"ddtree_launch: ${var} is not set or empty in the service's environment; the "
             "server was meant to require an API key, so it does not start without one."
         )
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise LaunchRefused(
+            f"ddtree_launch: ${var} holds {len(key.encode())} bytes, more than an API key's "
+            f"{MAX_KEY_BYTES}; put the key itself in the service's environment file."
+        )
     return key
+
+
+def restart_without_key(key: str, module: str, server_args: list[str]) -> None:
+    """Execute this launcher again (same pid, so systemd's main process stays) with the key in
+    an inherited pipe: the new program's initial environment, which `/proc/<pid>/environ` and
+    any forked child show, never held it."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, key.encode())
+    os.close(write_end)
+    os.set_inheritable(read_end, True)
+    argv = [sys.executable, "-m", "ddtree_launch", KEY_FD_FLAG, str(read_end), module]
+    os.execv(sys.executable, [*argv, *server_args])
+
+
+def read_key(fd: str) -> str:
+    """The key the first start wrote to pipe `fd`; the descriptor is closed, so no child gets it."""
+    with os.fdopen(int(fd), "rb") as pipe:
+        return pipe.read().decode()
 
 
 def mask_in_logs(key: str) -> None:
@@ -75,8 +104,11 @@ def main(argv: Sequence[str]) -> int:
     """Run the server module with the key in its arguments; returns the launcher's exit code
     when it refuses (the server's own exit passes through as `SystemExit`)."""
     try:
-        var, module, server_args = split_command(argv)
-        key = take_key(var)
+        if argv[:1] != [KEY_FD_FLAG]:
+            var, module, server_args = split_command(argv)
+            restart_without_key(take_key(var), module, server_args)
+        fd, module, server_args = split_command(argv, KEY_FD_FLAG)
+        key = read_key(fd)
     except LaunchRefused as refusal:
         print(refusal, file=sys.stderr)
         return 2

@@ -422,9 +422,9 @@ def group_pids(pgid: int) -> list[int]:
 
 
 def key_exposure(server: Server, key: str) -> str:
-    """The verdict "clean" when the key is on no command line of the server's process group, in
-    no environment but the server's own, not in its log, and a request without it is refused;
-    else what was found."""
+    """The verdict "clean" when the key is on no command line and in no environment of the
+    server's process group (the server's own included: the launcher starts it again without the
+    key), not in its log, and a request without it is refused; else what was found."""
     found, pids = [], group_pids(server.process.pid)
     for pid in pids:
         try:
@@ -432,10 +432,11 @@ def key_exposure(server: Server, key: str) -> str:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except FileNotFoundError:
             continue  # gone meanwhile
+        program = cmdline.replace(b"\0", b" ").decode(errors="replace")[:80].replace(key, "***")
         if key.encode() in cmdline:
-            found.append(f"process {pid}'s command line")
-        if key.encode() in environ and pid != server.process.pid:
-            found.append(f"process {pid}'s environment")
+            found.append(f"process {pid}'s command line ({program})")
+        if key.encode() in environ:
+            found.append(f"process {pid}'s environment ({program})")
     if key in server.log.read_text(errors="replace"):
         found.append("the server log")
     status = httpx.get(f"http://127.0.0.1:{server.port}/v1/models", timeout=10).status_code

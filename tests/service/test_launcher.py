@@ -3,7 +3,8 @@
 A probe module stands in for `sglang.launch_server`: like SGLang's server it runs as
 `__main__`, reads `sys.argv[1:]`, and starts a child with multiprocessing's spawn method, whose
 target is defined in that `__main__` module (the case that needs the launcher to make the
-server module `__main__` for its children too).
+server module `__main__` for its children too). It also forks a child without an exec, which
+shows the environment the server's program was started with (`/proc/<pid>/environ`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,22 @@ KEY = "sk-probe-5d1e"
 PROBE = """
 import json, logging, multiprocessing, os, sys
 
+def environ():
+    return open("/proc/self/environ", "rb").read().decode(errors="replace")
+
+def forked_environ():
+    read_end, write_end = os.pipe()
+    if os.fork() == 0:
+        os.write(write_end, environ().encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        return pipe.read().decode()
+
 def report(queue):
     queue.put({
         "cmdline": open("/proc/self/cmdline", "rb").read().decode(),
-        "environ": open("/proc/self/environ", "rb").read().decode(errors="replace"),
+        "environ": environ(),
     })
 
 if __name__ == "__main__":
@@ -42,6 +55,8 @@ if __name__ == "__main__":
         "argv": sys.argv[1:],
         "cmdline": open("/proc/self/cmdline", "rb").read().decode(),
         "var_left": "PROBE_KEY" in os.environ,
+        "environ": environ(),
+        "forked_environ": forked_environ(),
         "child": seen,
     }))
 """
@@ -70,6 +85,8 @@ def test_launcher_hands_the_key_in_process_and_to_no_child(tmp_path: Path) -> No
     assert seen["argv"] == ["--port", "30000", "--api-key", KEY]
     assert KEY not in seen["cmdline"]
     assert not seen["var_left"]
+    assert KEY not in seen["environ"] and KEY not in seen["forked_environ"]
+    assert "PROBE_KEY" not in seen["environ"]
     assert KEY not in seen["child"]["cmdline"] + seen["child"]["environ"]
     assert "server_args=['--port', '30000', '--api-key', '***']" in done.stderr
     assert KEY not in done.stderr
