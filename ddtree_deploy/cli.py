@@ -11,65 +11,49 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from ddtree_deploy.config import ACTIONS, DeployConfig, Output, compose_config
+from ddtree_deploy.config import DeployConfig, Output, compose_config, group_options
+from ddtree_deploy.config.schema import OnFailure
 from ddtree_deploy.errors import DeployError
-from ddtree_deploy.events import JsonLinesSink, emit, sink_installed
+from ddtree_deploy.events import JsonLinesSink, bound_emit, emit, sink_installed
+from ddtree_deploy.fleet import (
+    ActionDriver,
+    FleetJournal,
+    FleetResult,
+    compose_members,
+    fleet_level,
+    walk,
+)
+from ddtree_deploy.fleet.journal import RESUMABLE, command_key
 from ddtree_deploy.patching.audit import AuditReport
 from ddtree_deploy.patching.port import PortReport, write_candidate
 from ddtree_deploy.report import console, render, run_report
 from ddtree_deploy.report.audit_report import write_audit_reports
+from ddtree_deploy.report.fleet_report import write_fleet_reports
 from ddtree_deploy.report.port_report import print_port, write_port_reports
+from ddtree_deploy.report.usage import usage_text
 from ddtree_deploy.rollout import actions
 from ddtree_deploy.rollout.actions import ActionOutcome
 from ddtree_deploy.rollout.validation_flow import ValidationFailed
 from ddtree_deploy.validate.record import ValidationRecord
-
-USAGE = f"""usage: ddtree-deploy [KEY=VALUE ...]
-
-Hydra overrides select what to do and where:
-  host=local|ct129|ct200      the host (default local, the staging host on this machine)
-  algo=dflash|ddtree|ddtree_shadow
-  action={"|".join(ACTIONS)}  (default plan)
-  output=table|json           (action=facts, action=render)
-  any config key, e.g. algo.budget=12 gpu=h200 host.address=10.0.0.5
-
-Each run writes events.jsonl under rollout.runs_dir (default ./runs).
-"""
-
-_HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
-    "plan": actions.plan_action,
-    "facts": actions.facts_action,
-    "prepare": actions.prepare_action,
-    "render": actions.render_action,
-    "deploy": actions.deploy_action,
-    "rollback": actions.rollback_action,
-    "status": actions.status_action,
-    "build-kernels": actions.build_kernels_action,
-    "patch": actions.patch_action,
-    "unpatch": actions.unpatch_action,
-    "audit": actions.audit_action,
-    "validate": actions.validate_action,
-    "port": actions.port_action,
-    "tune": actions.tune_action,
-}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one action; returns the exit code (testable without `sys.exit`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(args):
-        console.stdout.print(USAGE, markup=False)
+        console.stdout.print(usage_text(group_options()), markup=False, soft_wrap=True)
         return 0
     # Library loggers (paramiko's transport thread above all) go to the run's debug.log, never
     # to the terminal, where they would print tracebacks for expected failures.
     root_logger = logging.getLogger()
     root_logger.addHandler(logging.NullHandler())
     try:
-        cfg = compose_config(args)
+        fleet_args = fleet_level(args)  # a fleet's hosts are composed (and checked) one by one
+        cfg = compose_config(args if fleet_args is None else fleet_args)
         run_dir = _run_dir(cfg)
         log_handler = logging.FileHandler(run_dir / "debug.log")
         log_handler.setFormatter(
@@ -79,8 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         root_logger.setLevel(logging.DEBUG)
         sink = JsonLinesSink(run_dir / "events.jsonl")
         try:
-            with sink_installed(sink), sink_installed(_progress):
-                return _run(cfg, args, run_dir)
+            with sink_installed(sink):
+                if cfg.fleet is not None:
+                    return _run_fleet(cfg, args, run_dir)
+                with sink_installed(_progress):
+                    return _run(cfg, args, run_dir)
         finally:
             sink.close()
             root_logger.removeHandler(log_handler)
@@ -102,7 +89,7 @@ def _run(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
     emit("run.start", action=cfg.action, host=cfg.host.name, overrides=args)
     try:
         with _tune_progress(cfg):
-            outcome = _HANDLERS[cfg.action](cfg)
+            outcome = actions.HANDLERS[cfg.action](cfg)
     except DeployError as err:
         if isinstance(err, ValidationFailed):  # the report is written for failures too
             _write_report(run_dir, err.record)
@@ -202,13 +189,62 @@ def _progress(record: dict[str, object]) -> None:
         console.stderr.print(f"[dim]>[/] {message}", highlight=False)
 
 
+def _run_fleet(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
+    """The action on every host of the fleet (ddtree_deploy.fleet), a live table meanwhile,
+    then the recap on stdout and as recap.{json,md,junit.xml} in the fleet's run folder."""
+    fleet = cfg.fleet
+    assert fleet is not None
+    emit("run.start", action=cfg.action, fleet=fleet.name, overrides=args)
+    members = compose_members(fleet, args)
+    journal = None
+    if cfg.action in RESUMABLE:
+        runs = Path(cfg.rollout.runs_dir)
+        journal = FleetJournal.for_fleet(runs, fleet.name, command_key(args), run_dir)
+    live = console.FleetLive()
+    try:
+        with sink_installed(live), journal.held() if journal is not None else nullcontext():
+            driver = ActionDriver(
+                {m.name: m.cfg for m in members},
+                run_dir,
+                bound_emit(),
+                record_before=fleet.on_failure is OnFailure.rollback_all,
+            )
+            result = walk(fleet, cfg.action, driver, journal)
+    finally:
+        live.close()
+    _render_fleet(result)
+    paths = write_fleet_reports(run_dir, result.to_dict())
+    console.print_line(f"recap: {paths[1]}, {paths[0].name}, {paths[2].name}")
+    emit("run.end", exit_code=result.exit_code)
+    return result.exit_code
+
+
+def _render_fleet(result: FleetResult) -> None:
+    if result.action == "status":  # one table over the fleet
+        rows = [
+            (r.name, r.outcome.status if r.outcome else None, r.verdict.value, r.detail)
+            for r in result.hosts
+        ]
+        render.fleet_status_table(result.fleet, rows)
+        return
+    if result.action == "plan":
+        for run in result.hosts:
+            if run.outcome is not None and run.outcome.preflight is not None:
+                render.preflight_table(run.outcome.preflight)
+            if run.outcome is not None and run.outcome.steps:
+                render.plan_table(run.name, run.outcome.steps)
+    render.fleet_recap(result.to_dict())
+
+
 def _run_dir(cfg: DeployConfig) -> Path:
-    """A new folder for this run: the stamp, host and action, then -1, -2... when runs started
-    in the same second; claimed by mkdir itself, so runs started at once never share one."""
+    """A new folder for this run: the stamp, host (or fleet) and action, then -1, -2... when
+    runs started in the same second; claimed by mkdir itself, so runs started at once never
+    share one."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     runs = Path(cfg.rollout.runs_dir)
     runs.mkdir(parents=True, exist_ok=True)
-    name = f"{stamp}-{cfg.host.name}-{cfg.action}"
+    where = f"fleet-{cfg.fleet.name}" if cfg.fleet is not None else cfg.host.name
+    name = f"{stamp}-{where}-{cfg.action}"
     suffix = 0
     while True:
         path = runs / (f"{name}-{suffix}" if suffix else name)

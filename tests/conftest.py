@@ -106,6 +106,7 @@ def nspawn_host(nspawn_hosts: Callable[[int], list[TestHost]]) -> TestHost:
 ONE_WORKER_FILES = (
     "tests/validate/test_tune.py",
     "tests/validate/test_validated_deploy.py",
+    "tests/fleet/test_fleet_hosts.py",
     # its module fixture builds the wheel in the checkout's build/: two workers raced there
     "tests/cli/test_packaging.py",
 )

@@ -1,6 +1,6 @@
 """Configuration room: typed schemas, composition from `conf/`, and cross-field rules."""
 
-from ddtree_deploy.config.compose import compose_config
+from ddtree_deploy.config.compose import GroupOptions, compose_config, group_options
 from ddtree_deploy.config.schema import (
     ACTIONS,
     AbiConfig,
@@ -23,6 +23,7 @@ __all__ = [
     "AlgoConfig",
     "DeployConfig",
     "GpuConfig",
+    "GroupOptions",
     "HostConfig",
     "ModelConfig",
     "Output",
@@ -30,4 +31,5 @@ __all__ = [
     "Transport",
     "TreeMode",
     "compose_config",
+    "group_options",
 ]

@@ -6,11 +6,14 @@ sentence the user reads (`ConfigError`), so `cli` never shows a traceback for ba
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 
 from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import (
@@ -48,6 +51,35 @@ def compose_config(overrides: Sequence[str] = ()) -> DeployConfig:
     assert isinstance(cfg, DeployConfig)
     check_config(cfg)
     return cfg
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """A config group a run picks with `group=option`: its options and the default's pick."""
+
+    group: str
+    options: tuple[str, ...]
+    default: str | None  # what the plain composition picks (host=local's gpu, abi, model...)
+
+
+def group_options() -> tuple[GroupOptions, ...]:
+    """The groups of `conf/` that `DeployConfig` selects, in its field order, as Hydra lists
+    them (the schemas' `base_*` entries left out); `--help` prints them."""
+    register_configs()
+    fields = [f.name for f in dataclasses.fields(DeployConfig)]
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        choices = compose("config", return_hydra_config=True).hydra.runtime.choices
+        groups = set(loader.list_groups(""))
+        return tuple(
+            GroupOptions(
+                name,
+                tuple(o for o in loader.get_group_options(name) if not o.startswith("base_")),
+                choices.get(name),
+            )
+            for name in fields
+            if name in groups
+        )
 
 
 def _release_option(version: str) -> str | None:

@@ -8,6 +8,7 @@ from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy.config.schema import (
     ACTIONS,
+    FLEET_ACTIONS,
     GATE_TIMINGS,
     Algo,
     DeployConfig,
@@ -25,6 +26,8 @@ _GPU_ARCH = re.compile(r"^sm_\d+[a-z]?$")
 # What the DDTree tree kernel takes per position (ddtree_kernels.reference.check_tree_limits,
 # which the patched server calls at start); with the 16-token block every K <= 16 fits its key.
 KERNEL_MAX_TOPK = 16
+# SGLang's secret arguments: the launcher (kernels/ddtree_launch.py) passes the API key in-process.
+_KEY_FLAGS = ("--api-key", "--admin-api-key")
 
 
 def check_config(cfg: DeployConfig) -> None:
@@ -44,6 +47,7 @@ def _problems(cfg: DeployConfig) -> list[str]:
         *_sglang_problems(cfg),
         *_validation_problems(cfg),
         *_tune_problems(cfg),
+        *_fleet_problems(cfg),
     ]
 
 
@@ -192,6 +196,14 @@ def _service_problems(cfg: DeployConfig) -> list[str]:
         if cap is not None and cap < 1
         else []
     )
+    # A key there would stand in the 0644 unit file and on the server's command line.
+    problems += [
+        f"service.extra_args holds {flag}, which would put a key in the unit file and on the "
+        "server's command line; give the API key through service.api_key_env or "
+        "service.api_key_file."
+        for flag in dict.fromkeys(a.split("=", 1)[0] for a in cfg.service.extra_args)
+        if flag in _KEY_FLAGS
+    ]
     if cfg.algo.name is not Algo.DDTREE or cfg.algo.mode is not TreeMode.tree:
         return problems
     args = cfg.service.extra_args
@@ -284,4 +296,33 @@ def _tune_problems(cfg: DeployConfig) -> list[str]:
         ]
     if bad := [c for c in tune.concurrency if c < 1]:
         return [f"tune.concurrency={list(tune.concurrency)} has {bad[0]}: each must be at least 1."]
+    return []
+
+
+def _fleet_problems(cfg: DeployConfig) -> list[str]:
+    """The fleet's strategy (each host's own config is checked when it is composed)."""
+    fleet = cfg.fleet
+    if fleet is None:
+        return []
+    if cfg.action not in FLEET_ACTIONS:
+        return [
+            f"action={cfg.action} acts on one host, not on fleet {fleet.name}; a fleet runs "
+            f"{', '.join(FLEET_ACTIONS)} (or name one host with host=)."
+        ]
+    if not fleet.hosts:
+        return [
+            f"fleet {fleet.name} lists no hosts; add them under hosts:, "
+            "e.g. hosts: {ct129: {}}."
+        ]
+    if unknown := [name for name in fleet.canary if name not in fleet.hosts]:
+        return [
+            f"fleet {fleet.name}'s canary names {unknown[0]!r}, which is not one of its hosts "
+            f"({', '.join(fleet.hosts)}); list it under hosts: or drop it from canary."
+        ]
+    if len(set(fleet.canary)) != len(fleet.canary):
+        return [f"fleet {fleet.name}'s canary {list(fleet.canary)} names a host twice."]
+    if fleet.batch_size < 1:
+        return [f"fleet.batch_size={fleet.batch_size}: a batch holds at least one host."]
+    if fleet.max_failures < 0:
+        return [f"fleet.max_failures={fleet.max_failures}: give 0 (stop at the first) or more."]
     return []

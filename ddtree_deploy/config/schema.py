@@ -155,7 +155,8 @@ class ServiceConfig:
     user: str = "root"
     unit_dir: str = "/etc/systemd/system"
     env_dir: str = "/etc/ddtree-deploy"  # the 0600 environment file lives here
-    # The server's API key, read on the control machine: an env var name, or a file path.
+    # The server's API key, read on the control machine: an env var name, or a file path. It
+    # reaches the host only in the 0600 env file (docs/security.md).
     api_key_env: str | None = None
     api_key_file: str | None = None
     start_timeout_s: int = 1800  # TimeoutStartSec: loading a 27B model and its draft
@@ -283,6 +284,40 @@ class TuneConfig:
     concurrency: list[int] = field(default_factory=lambda: [1, 32])
 
 
+class OnFailure(StrEnum):
+    """What a fleet rollout does once more hosts failed than `max_failures` allows."""
+
+    halt = "halt"  # start no new batch; failed hosts rolled back by themselves, others stay
+    rollback_all = (
+        "rollback_all"  # also return every host this run changed to its generation before
+    )
+
+
+@dataclass
+class FleetHostConfig:
+    """One host of a fleet: its `host/` option and the overrides that apply to it alone."""
+
+    option: str | None = None  # the conf/host/ option; None: the entry's own name
+    overrides: list[str] = field(default_factory=list)  # Hydra overrides, e.g. sglang=v0_5_14
+
+
+@dataclass
+class FleetConfig:
+    """A fleet (conf/fleet/): its hosts in rollout order and the strategy that walks them."""
+
+    name: str = MISSING
+    hosts: dict[str, FleetHostConfig] = field(default_factory=dict)
+    canary: list[str] = field(default_factory=list)  # go first, alone, before any batch
+    batch_size: int = 1  # hosts at once after the canary
+    max_failures: int = 0  # hosts that may fail before the rollout stops
+    on_failure: OnFailure = OnFailure.halt
+    # Run every host again, even those a killed or halted run of this command already finished.
+    restart: bool = False
+
+
+# Actions a fleet runs on each of its hosts (the others act on one host or none).
+FLEET_ACTIONS = ("plan", "deploy", "status", "rollback", "validate", "audit", "tune")
+
 ACTIONS = (
     "plan",
     "facts",
@@ -317,6 +352,7 @@ class DeployConfig:
     rollback: RollbackConfig = field(default_factory=RollbackConfig)
     port: PortConfig = field(default_factory=PortConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    fleet: FleetConfig | None = None  # fleet=<name>: the action runs on each of its hosts
     action: str = "plan"
     output: Output = Output.table
 
@@ -336,5 +372,6 @@ def register_configs() -> None:
         ("validation", ValidationConfig),
         ("rollout", RolloutConfig),
         ("tune", TuneConfig),
+        ("fleet", FleetConfig),
     ):
         store.store(group=group, name=f"base_{group}", node=node)

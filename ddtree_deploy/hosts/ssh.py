@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 
 import paramiko
-from fabric import Connection
+from fabric import Config, Connection
+from fabric.runners import Remote
 from invoke.exceptions import CommandTimedOut
 
 from ddtree_deploy.errors import HostError, UnreachableHost
@@ -25,6 +26,26 @@ _CONNECT_ERRORS = (
     EOFError,
     paramiko.SSHException,
 )
+
+
+class _TimedRemote(Remote):  # type: ignore[misc]  # Fabric ships no types
+    """Fabric's runner, but a timed-out command is always reported as timed out.
+
+    Invoke decides "timed out" by asking whether its timer thread has finished; the timer closes
+    the channel first and exits after, so a loaded machine can see the closed channel (exit -1)
+    while the thread is still alive and report a plain failure. The flag set before the channel
+    closes has no such window.
+    """
+
+    killed_by_timer = False
+
+    def kill(self) -> None:
+        self.killed_by_timer = True
+        super().kill()
+
+    @property
+    def timed_out(self) -> bool:
+        return self.killed_by_timer or super().timed_out
 
 
 class SshHost(ShellHost):
@@ -62,6 +83,7 @@ class SshHost(ShellHost):
             port=port,
             connect_timeout=connect_timeout_s,
             connect_kwargs=connect_kwargs,
+            config=Config(overrides={"runners": {"remote": _TimedRemote}}),
         )
         # Test hosts and freshly installed GPU hosts have no known_hosts entry yet.
         self._connection.client.set_missing_host_key_policy(paramiko.AutoAddPolicy())

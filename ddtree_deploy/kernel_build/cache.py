@@ -9,11 +9,14 @@ written to a temp folder and renamed into place, so a killed run never leaves ha
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +56,18 @@ class WheelCache:
         if meta.get("digest") != key.digest or hashlib.sha256(data).hexdigest() != meta["sha256"]:
             return None
         return CachedWheel(path, meta["sha256"])
+
+    @contextmanager
+    def building(self, key: KernelKey) -> Iterator[None]:
+        """Hold `key`'s build lock (`flock` on `.<slug>.lock`) for the block: the hosts of one ABI
+        that a fleet deploys at once, threads or processes, wait for one build and reuse it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / f".{key.slug}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def put(self, key: KernelKey, wheel_name: str, data: bytes, *, built_on: str) -> CachedWheel:
         """Store a wheel for `key`, replacing any entry there."""

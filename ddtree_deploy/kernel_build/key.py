@@ -23,6 +23,7 @@ _SOURCE_GLOBS = (
     "setup.py",
     "setup.cfg",
     "MANIFEST.in",
+    "ddtree_launch.py",
     "ddtree_kernels/**/*.py",
     "ddtree_kernels/py.typed",
     "csrc/**/*.cu",

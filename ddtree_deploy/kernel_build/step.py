@@ -198,12 +198,14 @@ class KernelsStep:
         self, host: ShellHost, key: KernelKey, workdir: PurePosixPath
     ) -> KernelsResult:
         cache = WheelCache(self.cache_dir)
-        cached = cache.get(key)
-        source = WheelSource.cache if cached is not None else WheelSource.build
-        emit("kernels.cache", host=host.name, key=key.slug, hit=cached is not None)
-        if cached is None:
-            built, data = self._build(host, key, workdir)
-            cached = cache.put(key, built.name, data, built_on=host.name)
+        with cache.building(key):  # another host of this ABI may be building it right now
+            cached = cache.get(key)
+            source = WheelSource.cache if cached is not None else WheelSource.build
+            emit("kernels.cache", host=host.name, key=key.slug, hit=cached is not None)
+            if cached is None:
+                built, data = self._build(host, key, workdir)
+                cached = cache.put(key, built.name, data, built_on=host.name)
+        if source is WheelSource.build:
             kept = self.state_dir / "kernels" / key.slug / built.name
             host.run(["install", "-D", "-m", "644", "--", str(built), str(kept)], sudo=True)
         else:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -78,3 +81,59 @@ class TuneProgress:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+class FleetLive:
+    """An event sink: a live table of a fleet's hosts (batch, result, the step each is at,
+    time) on stderr while the hosts run; gone at the end, where the recap takes its place.
+    Fed from the hosts' threads, hence the lock."""
+
+    _COLUMNS = ("host", "batch", "state", "step", "elapsed")
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        event = record.get("event")
+        with self._lock:
+            if event == "fleet.start":
+                for number, batch in enumerate(record["batches"], 1):
+                    for host in batch:
+                        done = host in record.get("finished", ())
+                        self._row(host, batch=number, state="done" if done else "waiting")
+                self._live = Live(self._table(), console=stderr, transient=True)
+                self._live.start()
+            elif event == "fleet.host.start":
+                state = "rolling back" if record.get("rollback") else "running"
+                self._row(record["host"], state=state, started=time.monotonic(), step="")
+            elif event == "fleet.step":
+                self._row(record["host"], step=str(record["step"]))
+            elif event == "fleet.host.end":
+                self._row(record["host"], state=record["verdict"], ended=time.monotonic())
+            elif event == "fleet.end":
+                self.close()
+                return
+            if self._live is not None:
+                self._live.update(self._table(), refresh=True)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def _row(self, host: str, **fields: Any) -> None:
+        self._rows.setdefault(host, {"step": "", "state": ""}).update(fields)
+
+    def _table(self) -> Table:
+        table = Table(title="fleet", title_justify="left")
+        for column in self._COLUMNS:
+            table.add_column(column)
+        now = time.monotonic()
+        for host, row in self._rows.items():
+            began = row.get("started")
+            elapsed = f"{(row.get('ended') or now) - began:.0f}s" if began else ""
+            cells = (host, str(row.get("batch", "")), row["state"], row["step"], elapsed)
+            table.add_row(*(_escape(str(cell)) for cell in cells))
+        return table

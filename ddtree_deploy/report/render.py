@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from ddtree_deploy.hosts.facts import HostFacts
 from ddtree_deploy.kernel_build import KernelsResult
@@ -15,6 +17,9 @@ from ddtree_deploy.rollout.status import HostStatus
 from ddtree_deploy.service.lint import LintReport
 from ddtree_deploy.service.render import RenderedService
 
+# Fleet verdicts (ddtree_deploy.fleet.strategy.Verdict values): as asked, and failures.
+_AS_ASKED = frozenset({"changed", "ok", "done"})
+_FLEET_FAILURES = frozenset({"failed", "refused", "unreachable"})
 _VERDICT_STYLE = {Verdict.ok: "green", Verdict.mismatch: "red", Verdict.staging: "yellow"}
 
 
@@ -150,3 +155,59 @@ def _offsets(plan: FilePlan) -> str:
     moved = [f"{h.patch[:4]}#{h.index}{h.offset:+d}" for h in plan.hunks if h.offset]
     count = f"{len(plan.hunks)} hunk" + ("s" if len(plan.hunks) != 1 else "")
     return count + (f", moved {' '.join(moved)}" if moved else "")
+
+
+def fleet_recap(recap: dict[str, Any]) -> None:
+    """The fleet's recap (`FleetResult.to_dict()`): one row per host, then one line for each
+    host that did not end as asked (the full sentences are also in recap.md)."""
+    rows = []
+    for host in recap["hosts"]:
+        tokens, speedup = host["tokens_per_s"], host["speedup"]
+        rows.append(
+            (
+                host["host"],
+                str(host["batch"] or "-"),
+                host["verdict"],
+                "-" if host["generation"] is None else str(host["generation"]),
+                host["algo"] or "-",
+                "-" if tokens is None else f"{tokens:.1f}",
+                "-" if speedup is None else f"{speedup:.2f}x",
+                f"{host['wall_s']:.1f}s",
+            )
+        )
+    columns = ("host", "batch", "result", "gen", "algorithm", "tok/s", "speedup", "time")
+    console.print_table(f"fleet {recap['fleet']}: action={recap['action']}", columns, rows)
+    for host in recap["hosts"]:
+        if host["verdict"] not in _AS_ASKED:
+            style = "red" if host["verdict"] in _FLEET_FAILURES else "yellow"
+            console.print_line(f"{host['host']}: {host['verdict']}: {host['detail']}", style=style)
+    if recap["resumed_from"]:
+        console.print_line(f"continued the rollout begun in {recap['resumed_from']}")
+    if recap["halted"]:
+        console.print_line(recap["halted"], style="red")
+
+
+def fleet_status_table(fleet: str, rows: Sequence[tuple[str, HostStatus | None, str, str]]) -> None:
+    """`action=status` over a fleet in one table; a line below says why a host has none."""
+    cells = []
+    for name, status, verdict, _ in rows:
+        if status is None:
+            cells.append((name, "-", "-", verdict, "-", "-", "-", "-"))
+            continue
+        cells.append(
+            (
+                name,
+                "none" if status.generation is None else str(status.generation),
+                f"{status.algo} ({status.summary})",
+                f"{status.unit_state}, {status.enabled}",
+                status.patch_set,
+                status.kernels,
+                "; ".join(status.drift) or "none",
+                f"held by {status.locked_by}" if status.locked_by else "free",
+            )
+        )
+    columns = ("host", "gen", "algorithm", "unit", "patch set", "kernels", "drift", "lock")
+    console.print_table(f"status: fleet {fleet}", columns, cells)
+    for name, status, _, detail in rows:
+        if status is None:
+            console.print_line(f"{name}: {detail}", style="red")

@@ -41,7 +41,12 @@ _ENV.filters["figures"] = _figures
 
 
 def render_markdown(record: dict[str, Any]) -> str:
-    return _ENV.get_template(TEMPLATE).render(r=record)
+    return render_template(TEMPLATE, record)
+
+
+def render_template(name: str, record: dict[str, Any]) -> str:
+    """A Markdown template of templates/ with `record` as `r` (and the table-cell filters)."""
+    return _ENV.get_template(name).render(r=record)
 
 
 def write_run_report(run_dir: Path, record: dict[str, Any]) -> tuple[Path, Path]:

@@ -6,6 +6,7 @@ print nothing themselves; they emit events.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -64,6 +65,9 @@ class ActionOutcome:
     validation: ValidationRecord | None = None  # the gates' record (action=deploy)
     audit: AuditReport | None = None  # action=audit; the CLI writes its report files
     port: PortReport | None = None  # action=port; the CLI writes the candidate and reports
+    # What the host serves after deploy or rollback: its current generation and what it runs.
+    generation: int | None = None
+    serving: str | None = None
 
 
 def _locked(cfg: DeployConfig, host: ShellHost) -> AbstractContextManager[object]:
@@ -132,6 +136,8 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
         results=results,
         summary=f"{cfg.host.name}: {outcome.changed} step(s) changed; {where} is current.",
         validation=record,
+        generation=outcome.generation,
+        serving=algo_summary(cfg),
     )
 
 
@@ -185,6 +191,8 @@ def rollback_action(cfg: DeployConfig) -> ActionOutcome:
             f"{cfg.host.name}: rolled back{came_from} to generation {outcome.to_generation} "
             f"({outcome.summary}); the unit is {outcome.unit_state}."
         ),
+        generation=outcome.to_generation,
+        serving=outcome.summary,
     )
 
 
@@ -289,3 +297,22 @@ def _patch_change(cfg: DeployConfig, *, reverting: bool) -> ActionOutcome:
         result = step.apply(host)
     row = PlannedStep(step.name, result.status.value, result.detail)
     return ActionOutcome(results=[row])
+
+
+# What each `action=` runs (cli dispatches on it; a fleet runs it on each host).
+HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
+    "plan": plan_action,
+    "facts": facts_action,
+    "prepare": prepare_action,
+    "render": render_action,
+    "deploy": deploy_action,
+    "rollback": rollback_action,
+    "status": status_action,
+    "build-kernels": build_kernels_action,
+    "patch": patch_action,
+    "unpatch": unpatch_action,
+    "audit": audit_action,
+    "validate": validate_action,
+    "port": port_action,
+    "tune": tune_action,
+}

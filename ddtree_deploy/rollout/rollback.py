@@ -59,20 +59,29 @@ class _Target:
     summary: str
 
 
-def rollback(cfg: DeployConfig, host: ShellHost, *, to_linear: bool = False) -> RollbackOutcome:
+def rollback(
+    cfg: DeployConfig,
+    host: ShellHost,
+    *,
+    to_linear: bool = False,
+    to_generation: int | None = None,
+) -> RollbackOutcome:
     """Return `host` to its previous generation and wait until the unit runs steadily.
 
     `to_linear`: to the newest linear-DFLASH generation below instead, in one restart (each
     promotion stacks a shadow and a tree generation above linear, and each restart of a large
     target takes minutes). With none in the lineage, linear DFLASH is
-    rendered from `cfg`. An interrupted rollback is finished first, whatever `to_linear` says.
+    rendered from `cfg`. `to_generation`: to the newest generation of the lineage at or below
+    that number, in one restart (a fleet's rollback_all returns a host to where a run found it;
+    0: to the unit found before the first generation). An interrupted rollback is finished
+    first, whatever `to_linear` or `to_generation` say.
     Raises `NothingToRollBack` for a host without generations, `UnitFailedToStart` (with the
     journal) when the target does not come up either.
     """
     generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     api_key = load_api_key(cfg.service)
     mask = api_key.mask if api_key else (lambda text: text)
-    target = _target(cfg, generations, to_linear=to_linear)
+    target = _target(cfg, generations, to_linear=to_linear, to_generation=to_generation)
     generations.journal(
         "rollback.begin", from_generation=target.from_generation, to_generation=target.number
     )
@@ -112,7 +121,9 @@ def rollback(cfg: DeployConfig, host: ShellHost, *, to_linear: bool = False) -> 
     )
 
 
-def _target(cfg: DeployConfig, generations: GenerationStore, *, to_linear: bool) -> _Target:
+def _target(
+    cfg: DeployConfig, generations: GenerationStore, *, to_linear: bool, to_generation: int | None
+) -> _Target:
     state = generations.state()
     lineage: list[int] = list(state["lineage"])
     bottom = lineage[0] if lineage else None  # the generation that replaced the unit found before
@@ -132,6 +143,8 @@ def _target(cfg: DeployConfig, generations: GenerationStore, *, to_linear: bool)
             "nothing to roll back to."
         )
     while to_linear and lineage and _meta_algo(generations, lineage[-1]) != Algo.DFLASH.value:
+        lineage.pop()
+    while to_generation is not None and lineage and lineage[-1] > to_generation:
         lineage.pop()
     if lineage:
         number = lineage[-1]

@@ -23,13 +23,6 @@ def exec_word(value: str) -> str:
     return '"' + "".join(_C_ESCAPES.get(ch, ch) for ch in escaped) + '"'
 
 
-def exec_variable(name: str) -> str:
-    """An ExecStart argument that systemd replaces by the variable's value, as one word."""
-    if not _ENV_KEY.match(name):
-        raise ValueError(f"not an environment variable name: {name!r}")
-    return "${" + name + "}"
-
-
 def exec_line(words: list[str]) -> str:
     """Already-quoted words joined, one option and its value per continued line."""
     lines: list[list[str]] = []

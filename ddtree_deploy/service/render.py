@@ -1,8 +1,10 @@
 """Render the SGLang unit and its environment file from `templates/` for one config.
 
 The unit holds everything but secrets; the API key goes only into the environment file, which
-is installed 0600 and referenced from ExecStart as `${SGLANG_API_KEY}`. Rendering is pure: the
-same config gives the same bytes, so an unchanged config never looks like a change.
+is installed 0600. With a key, ExecStart runs the launcher `ddtree_launch` (shipped in the
+kernels wheel, kernels/ddtree_launch.py), which hands `$SGLANG_API_KEY` to SGLang in-process,
+so the key is on no command line. Rendering is pure: the same config gives the same bytes, so an
+unchanged config never looks like a change.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import jinja2
 
 from ddtree_deploy.config.rules import hybrid_tree_allowed
 from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
-from ddtree_deploy.service.quoting import env_assignment, exec_line, exec_variable, exec_word
+from ddtree_deploy.service.quoting import env_assignment, exec_line, exec_word
 from ddtree_deploy.service.secret import MASK, Secret
 
 API_KEY_VAR = "SGLANG_API_KEY"
+LAUNCHER_MODULE = "ddtree_launch"  # kernels/ddtree_launch.py
 
 
 def _load_template(name: str) -> str:
@@ -45,7 +48,7 @@ class RenderedService:
     env_path: PurePosixPath
     env_text: str
     env_masked: str
-    argv: tuple[str, ...]  # ExecStart as the program receives it (API key as ${VAR})
+    argv: tuple[str, ...]  # ExecStart as the program receives it (never the API key)
     environment_masked: dict[str, str]  # the env file's values, the secret masked
 
     def to_dict(self) -> dict[str, object]:
@@ -86,11 +89,16 @@ def unit_paths(cfg: DeployConfig) -> tuple[PurePosixPath, PurePosixPath]:
 
 
 def server_argv(cfg: DeployConfig, *, api_key: bool) -> list[str]:
-    """ExecStart's argv: the venv's python, the launch module, then SGLang's arguments."""
+    """ExecStart's argv: the venv's python, the launch module, then SGLang's arguments.
+
+    With `api_key`, the launcher runs the launch module and adds `--api-key` from the
+    environment file in-process (`ddtree_launch`'s docstring says how)."""
     svc, model = cfg.service, cfg.model
+    python = str(PurePosixPath(cfg.host.sglang_venv) / "bin" / "python")
+    launcher = ["-m", LAUNCHER_MODULE, "--api-key-env", API_KEY_VAR] if api_key else ["-m"]
     argv = [
-        str(PurePosixPath(cfg.host.sglang_venv) / "bin" / "python"),
-        "-m",
+        python,
+        *launcher,
         svc.launch_module,
         "--model-path",
         model.target_path,
@@ -110,8 +118,6 @@ def server_argv(cfg: DeployConfig, *, api_key: bool) -> list[str]:
         argv += ["--max-total-tokens", str(svc.max_total_tokens)]
     if svc.deterministic_inference:
         argv.append("--enable-deterministic-inference")
-    if api_key:
-        argv += ["--api-key", exec_variable(API_KEY_VAR)]
     return argv + list(svc.extra_args)
 
 
@@ -156,7 +162,7 @@ def render_service(cfg: DeployConfig, api_key: Secret | None) -> RenderedService
     """Render both files; raises `jinja2` errors only for a broken template (a bug)."""
     unit_path, env_path = unit_paths(cfg)
     argv = server_argv(cfg, api_key=api_key is not None)
-    words = [w if w.startswith("${") else exec_word(w) for w in argv]
+    words = [exec_word(w) for w in argv]
     unit_text = _TEMPLATES.get_template("sglang.service.j2").render(
         unit_name=cfg.service.unit_name,
         model_name=cfg.model.name,

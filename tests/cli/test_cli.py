@@ -15,8 +15,10 @@ import pytest
 from staging import require_staging_venv
 
 from ddtree_deploy.cli import _run_dir, main
-from ddtree_deploy.config import compose_config
+from ddtree_deploy.config import ACTIONS, compose_config, group_options
+from ddtree_deploy.config.schema import FLEET_ACTIONS
 from ddtree_deploy.patching.manifest import select_patch_set
+from ddtree_deploy.report.usage import ACTION_SUMMARIES
 
 SCRIPT = shutil.which("ddtree-deploy", path=str(Path(sys.executable).parent))
 
@@ -40,9 +42,27 @@ def test_main_bad_option_prints_one_sentence_and_exits_2(
     )
 
 
-def test_main_help_lists_actions(capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_help_lists_groups_actions_and_docs_on_one_80x40_screen(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["--help"]) == 0
-    assert "action=plan|facts|prepare" in capsys.readouterr().out
+    lines = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert len(lines) <= 40, f"--help prints {len(lines)} lines"
+    assert [line for line in lines if len(line) > 80] == []
+    words = " ".join(lines).split()
+    for action in ACTIONS:  # each on a line of its own, with its summary
+        assert any(line.split()[:1] == [action] and len(line.split()) > 1 for line in lines)
+    for group in group_options():
+        assert group.group in words
+        assert all(o in words or f"{o}*" in words for o in group.options), group
+    assert "local*" in words and "qwen3_8b*" in words  # the defaults are marked
+    assert "docs/troubleshooting.md:" in words
+    # How to act on a fleet, and which actions it takes.
+    assert "fleet=NAME" in words and f"({' '.join(FLEET_ACTIONS)};" in " ".join(words)
+
+
+def test_every_action_has_a_help_summary() -> None:
+    assert list(ACTION_SUMMARIES) == list(ACTIONS)
 
 
 def test_installed_script_unreachable_host_is_one_line_without_traceback(tmp_path: Path) -> None:

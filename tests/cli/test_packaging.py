@@ -22,12 +22,16 @@ from ddtree_deploy.kernel_build.step import default_source_dir
 from ddtree_deploy.patching.manifest import load_patch_sets
 from ddtree_deploy.service.render import render_service
 import ddtree_deploy
+import ddtree_deploy.cli  # every package the command imports, the fleet's among them
 cfg = compose_config(["host=ct200", "algo=ddtree_shadow"])
+fleet = compose_config(["fleet=ct", "action=status"]).fleet
 print(json.dumps({
     "module": ddtree_deploy.__file__,
     "patch_sets": sorted(s.name for s in load_patch_sets()),
     "kernels_setup": (default_source_dir() / "setup.py").is_file(),
+    "kernels_launcher": (default_source_dir() / "ddtree_launch.py").is_file(),
     "unit_mentions_ddtree": "DDTREE" in render_service(cfg, None).unit_text,
+    "fleet_ct": list(fleet.hosts) if fleet else None,
 }))
 """
 
@@ -124,3 +128,5 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
     assert found["module"].startswith(str(target))
     assert found["patch_sets"] == sorted(s.name for s in load_patch_sets())  # the checkout's
     assert found["kernels_setup"] and found["unit_mentions_ddtree"]
+    assert found["kernels_launcher"]  # the unit's launcher (API key) ships with the kernels
+    assert found["fleet_ct"] == ["ct129", "ct200"]

@@ -158,6 +158,11 @@ CASES = [
         "service.extra_args sets --attention-backend fa3, but DDTREE tree mode needs a backend that reads the tree mask (flashinfer or triton); SGLang would refuse it at start.",
         id="tree-backend",
     ),
+    pytest.param(
+        ["service.extra_args=[--tp-size,1,'--api-key=sk-visible']"],
+        "service.extra_args holds --api-key, which would put a key in the unit file and on the server's command line; give the API key through service.api_key_env or service.api_key_file.",
+        id="key-in-extra-args",
+    ),
     pytest.param(["action=explode"], "action='explode' is unknown; choose one of: ", id="action"),
     pytest.param(
         ["sglang.version=latest"],

@@ -1,28 +1,34 @@
 """Random-weight models for the GPU lab, made on the spot: targets, DFlash drafts, tokenizer.
 
-Two targets, each at two sizes: a pure-attention `Qwen3ForCausalLM` and a hybrid
-`Qwen3NextForCausalLM` (gated delta-net layers between attention layers), all with a 64-token
-character vocabulary. A vocabulary that small makes the target's greedy token fall among the
-draft's top-k often, so tree mode accepts through sibling branches: the path a hybrid target's
-recurrent state can get wrong. All weights are drawn from a fixed seed and written as
-safetensors, so every server start reads the same models. The tokenizer is a real `tokenizers`
-character vocabulary, so the validation prompts (text) go through SGLang's tokenizer and
-detokenizer as in production.
+Two targets, each at two sizes, all with a 64-token character vocabulary: a pure-attention
+`Qwen3ForCausalLM`, and a hybrid (gated delta-net layers between attention layers): at the
+tiny size a `Qwen3NextForCausalLM` (MoE in every layer), at the realistic size a dense Qwen3.5,
+production's architecture (Qwen3.6-27B; `qwen3_5_config` says how SGLang loads it). A vocabulary
+that small makes the target's greedy token fall among the draft's top-k often, so tree mode
+accepts through sibling branches: the path a hybrid target's recurrent state can get wrong. All
+weights are drawn from a fixed seed and written as safetensors, so every server start reads the
+same models. The tokenizer is a real `tokenizers` character vocabulary, so the validation
+prompts (text) go through SGLang's tokenizer and detokenizer as in production.
 
 Sizes (`SIZES`):
 
 - `tiny`: 4 layers of width 128, initializer_range 0.4 (wide logit gaps, few bf16 near-ties);
   written on the CPU in float32, then cast to bf16.
 - `realistic`: the attention target has Qwen3-8B's dimensions (hidden 4096, 36 layers, 32/8
-  heads of 128, intermediate 12288: 7.0 B parameters, 13.9 GB in bf16); the hybrid has
-  Qwen3-Next-80B-A3B's width and depth (hidden 2048, 48 layers, every fourth one attention,
-  16/2 heads of 256) with half its linear-attention heads (8 key, 16 value heads of 128, so the
-  speculative Mamba states of five servers fit one GPU) and 16 experts (top 4) of 256 instead
-  of 512 of 512 (2.3 B parameters, 4.6 GB). Both at initializer_range 0.02, as trained models
-  are initialised: logit gaps under 0.05 every 10 to 20 tokens, the near-ties a bf16 server
-  flips. Written on the GPU (`with torch.device("cuda")`, bf16: float32 init of 7 B
-  parameters on a CPU takes minutes), never carried. Their drafters have the target's width,
-  one layer, and read five target layers spread over its depth, as Qwen3-8B's DFlash drafter.
+  heads of 128, intermediate 12288: 7.0 B parameters, 13.9 GB in bf16). The hybrid is a dense
+  Qwen3.5 of the same width (hidden 4096, intermediate 12288, 32 layers, every fourth one
+  attention: 8 gated-attention layers of 16/4 heads of 256, 24 gated delta-nets of 8 key and 16
+  value heads of 128): 6.1 B parameters, 12.2 GB in bf16, a Mamba state of 24.6 MiB per
+  request. Qwen3.6-27B is wider and deeper (hidden 5120, 64 layers, 48 value heads): at its
+  size five servers and their speculative Mamba states (one per request and verify token)
+  would not fit one GPU. A random MoE router flips near-tied experts between prefill and verify
+  (the realistic Qwen3-Next's linear DFlash tokens sat up to 5 nats off the prefill's, GPU lab
+  run 10); a dense MLP has no router. Both at initializer_range 0.02, as trained models are
+  initialised: logit gaps under 0.05 every 10 to 20 tokens, the near-ties a bf16 server flips.
+  Written on the GPU (`with torch.device("cuda")`, bf16: float32 init of 7 B parameters on a
+  CPU takes minutes), never carried. Their drafters have the target's width, one Qwen3 layer
+  (32/8 heads of 128, intermediate 12288), and read five target layers spread over its depth,
+  as Qwen3-8B's DFlash drafter (36 layers: 1, 9, 17, 25, 33; 32 layers: 1, 8, 15, 22, 29).
 
 Random weights alone give a drafter that almost never agrees with the target (acceptance
 about 1.04), which exercises no tree. So the models are shaped, and only this way: the target's
@@ -37,8 +43,10 @@ rescaled (`shaping`) so the drafter's [MASK] logits and the weight of its random
 the [MASK] direction stay the tiny drafter's.
 
 `write_model(root, kind, size)` needs torch, tokenizers and transformers (the SGLang venv has
-them; the realistic size a GPU too); `write_configs(root, kind, size)` writes the configs only,
-which is what CPU tests of argument resolution need. Command line (on the GPU machine):
+them; the realistic size a GPU too); `write_target(dir, config, on_gpu=False)` writes a target of
+any config (the CPU tests write a small Qwen3.5 of the realistic layout and have SGLang load it:
+sglang_target.py); `write_configs(root, kind, size)` writes the configs only, which is what CPU
+tests of argument resolution need. Command line (on the GPU machine):
 `python models.py OUT_DIR [SIZE [KIND...]]` writes OUT_DIR/SIZE/KIND/{target,draft}.
 """
 
@@ -98,6 +106,81 @@ _QWEN3_NEXT = {
     "mlp_only_layers": [],
 }
 
+
+def qwen3_5_config(
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    linear_key_heads: int,
+    linear_value_heads: int,
+    linear_head_dim: int,
+    attention_interval: int = 4,
+    initializer_range: float = 0.02,
+) -> dict[str, Any]:
+    """A text-only dense Qwen3.5 hybrid (Qwen3.6-27B's architecture) as SGLang loads it.
+
+    SGLang registers no text-only Qwen3.5 class (0.5.11 and 0.5.14 models/qwen3_5.py: EntryClass
+    is the two ForConditionalGeneration classes): a dense Qwen3.5 checkpoint says
+    `Qwen3_5ForConditionalGeneration`, model_type `qwen3_5`, and nests its text model under
+    `text_config` (model_type `qwen3_5_text`: a dense MLP in every layer). SGLang reads the layer
+    pattern from `full_attention_interval` (configs/qwen3_next.py `layers_block_type`);
+    transformers from `layer_types`: both are given and agree. RoPE is given as
+    `rope_parameters` (utils/hf_transformers/common.py `get_rope_config` reads its rope_theta),
+    with no `mrope_section`: positions are plain token positions, as the Qwen3-Next's are. The vision tower SGLang builds
+    from `vision_config` is the smallest that constructs (the lab writes no vision weights, so
+    it stays as allocated and text never runs it).
+    """
+    kinds = ["full_attention" if (i + 1) % attention_interval == 0 else "linear_attention"
+             for i in range(layers)]  # fmt: skip
+    text = {
+        **{k: v for k, v in _COMMON.items() if k != "rope_theta"},
+        "model_type": "qwen3_5_text",
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "partial_rotary_factor": 0.25,
+        # Qwen3.5's spelling: SGLang's attention reads rope_theta from here when the dict is
+        # there, and SGLang's Qwen3_5TextConfig always makes one (an empty one fails).
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": _COMMON["rope_theta"],
+            "partial_rotary_factor": 0.25,
+        },
+        "full_attention_interval": attention_interval,
+        "layer_types": kinds,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": linear_head_dim,
+        "linear_value_head_dim": linear_head_dim,
+        "linear_num_key_heads": linear_key_heads,
+        "linear_num_value_heads": linear_value_heads,
+        "initializer_range": initializer_range,
+    }
+    vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
+              "num_position_embeddings": 64, "out_hidden_size": hidden,
+              "deepstack_visual_indexes": []}  # fmt: skip
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "text_config": text,
+        "vision_config": vision,
+    }
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a target's language model: its `text_config` if nested (Qwen3.5)."""
+    nested: dict[str, Any] | None = config.get("text_config")
+    return nested if nested is not None else config
+
+
 TARGETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
         "attention": {**_TINY, **_QWEN3},
@@ -126,36 +209,24 @@ TARGETS: dict[str, dict[str, dict[str, Any]]] = {
             "num_key_value_heads": 8,
             "head_dim": 128,
         },
-        "hybrid": {
-            **_REALISTIC,
-            **_QWEN3_NEXT,
-            "hidden_size": 2048,
-            "num_hidden_layers": 48,
-            "full_attention_interval": 4,  # 12 attention layers, 36 gated delta-nets
-            "num_attention_heads": 16,
-            "num_key_value_heads": 2,
-            "head_dim": 256,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_num_key_heads": 8,
-            "linear_num_value_heads": 16,
-            # Experts in every layer: SGLang's Qwen3-Next builds each layer's MLP as a MoE
-            # (`is_layer_sparse = True`, mlp_only_layers unread), so a dense hybrid such as
-            # Qwen3.6-27B needs its own architecture (Qwen3_5ForCausalLM). A random router's
-            # near-tied experts flip between prefill and verify (GPU lab run 10: linear DFlash's
-            # own tokens up to 5 nats off the prefill's choice).
-            "num_experts": 16,
-            "num_experts_per_tok": 4,
-            "moe_intermediate_size": 256,
-            "shared_expert_intermediate_size": 512,
-        },
+        "hybrid": qwen3_5_config(
+            hidden=4096,
+            layers=32,
+            heads=16,
+            kv_heads=4,
+            head_dim=256,
+            intermediate=12288,
+            linear_key_heads=8,
+            linear_value_heads=16,
+            linear_head_dim=128,
+        ),
     },
 }
 
 # A realistic drafter's attention heads and MLP (a Qwen3 layer at the target's width).
 _REALISTIC_DRAFT_LAYER = {
     "attention": {"num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 12288},
-    "hybrid": {"num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 6144},
+    "hybrid": {"num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 12288},
 }
 
 
@@ -181,7 +252,7 @@ def shaping(size: str, kind: str) -> Shaping:
     """
     if size == "tiny":
         return TINY_SHAPING
-    tiny, target = TARGETS["tiny"][kind], TARGETS[size][kind]
+    tiny, target = text_config(TARGETS["tiny"][kind]), text_config(TARGETS[size][kind])
     ratio = (tiny["hidden_size"] * tiny["initializer_range"]) / (
         target["hidden_size"] * target["initializer_range"]
     )
@@ -199,7 +270,7 @@ def context_layers(num_layers: int, count: int = DRAFT_CONTEXT_LAYERS) -> list[i
 
 def draft_config(kind: str, size: str = "tiny") -> dict[str, Any]:
     """A one-layer DFlash drafter for target `kind` of `size` (its width, its layer count)."""
-    target = TARGETS[size][kind]
+    target = text_config(TARGETS[size][kind])
     if size == "tiny":
         layer = {k: v for k, v in _TINY.items() if k != "initializer_range"}
         context = [1, 2]
@@ -220,7 +291,9 @@ def draft_config(kind: str, size: str = "tiny") -> dict[str, Any]:
 
 
 def parameter_count(config: dict[str, Any]) -> int:
-    """Parameters of a target (Qwen3 or Qwen3-Next) or DFlash drafter config, by the shapes."""
+    """Parameters of a target's language model (Qwen3, Qwen3-Next, Qwen3.5; a Qwen3.5's vision
+    tower is left out) or of a DFlash drafter config, by the shapes."""
+    config = text_config(config)
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     heads, kv, head_dim = (
         config[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
@@ -234,34 +307,39 @@ def parameter_count(config: dict[str, Any]) -> int:
         attention = hidden * (q_out + 2 * kv * head_dim) + q_out * hidden + 2 * head_dim
         mlp = 3 * hidden * config["intermediate_size"]
         return total + layers * (attention + mlp + 2 * hidden)
-    # Qwen3-Next: gated attention (q_proj doubled), gated delta-nets, a routed and a shared MoE.
+    # Qwen3-Next and Qwen3.5: gated attention (q_proj doubled), gated delta-nets; the MLP is a
+    # routed and a shared MoE (Qwen3-Next) or dense (Qwen3.5).
     attention = hidden * (2 * q_out + 2 * kv * head_dim) + q_out * hidden + 2 * head_dim
     keys = config["linear_num_key_heads"] * config["linear_key_head_dim"]
     values = config["linear_num_value_heads"] * config["linear_value_head_dim"]
     value_heads = config["linear_num_value_heads"]
     linear = (
-        hidden * (2 * keys + 2 * values)  # in_proj_qkvz
-        + hidden * 2 * value_heads  # in_proj_ba
+        hidden * (2 * keys + 2 * values)  # in_proj_qkvz (in_proj_qkv, in_proj_z)
+        + hidden * 2 * value_heads  # in_proj_ba (in_proj_b, in_proj_a)
         + (2 * keys + values) * config["linear_conv_kernel_dim"]  # conv1d
         + 2 * value_heads  # dt_bias, A_log
         + config["linear_value_head_dim"]  # the gated output norm
         + values * hidden  # out_proj
     )
-    experts = config["num_experts"]
-    moe = (
-        hidden * experts  # router
-        + experts * 3 * hidden * config["moe_intermediate_size"]
-        + 3 * hidden * config["shared_expert_intermediate_size"]
-        + hidden  # shared expert gate
-    )
+    if config["model_type"] == "qwen3_5_text":
+        mlp = 3 * hidden * config["intermediate_size"]
+    else:
+        experts = config["num_experts"]
+        mlp = (
+            hidden * experts  # router
+            + experts * 3 * hidden * config["moe_intermediate_size"]
+            + 3 * hidden * config["shared_expert_intermediate_size"]
+            + hidden  # shared expert gate
+        )
     attending = layers // config["full_attention_interval"]
     return (
-        total + attending * attention + (layers - attending) * linear + layers * (moe + 2 * hidden)
+        total + attending * attention + (layers - attending) * linear + layers * (mlp + 2 * hidden)
     )
 
 
 def kv_bytes_per_token(config: dict[str, Any]) -> int:
     """The target's bf16 KV cache per token (attention layers only on a hybrid)."""
+    config = text_config(config)
     layers = config["num_hidden_layers"] // config.get("full_attention_interval", 1)
     return layers * config["num_key_value_heads"] * config["head_dim"] * 2 * 2
 
@@ -270,6 +348,7 @@ def mamba_bytes_per_request(config: dict[str, Any]) -> int:
     """A hybrid target's recurrent state per request, as SGLang 0.5.11 sizes it: a float32
     delta-net state and a bf16 convolution window per linear layer. SGLang also reserves one
     per request and verify token for speculative decoding."""
+    config = text_config(config)
     layers = (
         config["num_hidden_layers"]
         - config["num_hidden_layers"] // config["full_attention_interval"]
@@ -307,42 +386,78 @@ TOKENIZER_CONFIG = {
 }
 
 
+# A Qwen3.5 target is multimodal to SGLang (every Qwen3_5ForConditionalGeneration is), so its
+# tokenizer manager builds the model's processor at start: transformers' Qwen3VLProcessor, which
+# needs an image and a video processor config beside the tokenizer. Text never reaches them.
+PROCESSOR_CONFIGS = {
+    "preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessorFast"},
+    "video_preprocessor_config.json": {"video_processor_type": "Qwen3VLVideoProcessor"},
+}
+_PROCESSOR_SHAPE = {"processor_class": "Qwen3VLProcessor", "patch_size": 16, "merge_size": 2,
+                    "temporal_patch_size": 2}  # fmt: skip
+
+
 def write_configs(root: Path, kind: str, size: str = "tiny") -> tuple[Path, Path]:
     """Write the `root/size/kind/{target,draft}` configs (no weights, no tokenizer); return both."""
     target, draft = root / size / kind / "target", root / size / kind / "draft"
     for path in (target, draft):
         path.mkdir(parents=True, exist_ok=True)
-    _write_json(target / "config.json", TARGETS[size][kind])
+    write_target_config(target, TARGETS[size][kind])
     _write_json(draft / "config.json", draft_config(kind, size))
     return target, draft
 
 
+def write_target_config(target: Path, config: dict[str, Any]) -> None:
+    """A target's config.json (and a Qwen3.5's processor configs) exactly as `config` says."""
+    _write_json(target / "config.json", config)
+    if config["model_type"] == "qwen3_5":
+        for name, settings in PROCESSOR_CONFIGS.items():
+            _write_json(target / name, {**settings, **_PROCESSOR_SHAPE})
+
+
 def write_model(root: Path, kind: str, size: str = "tiny") -> tuple[Path, Path]:
     """`write_configs`, the tokenizer, and seeded weights for target and drafter (bf16)."""
-    import torch
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     target, draft = write_configs(root, kind, size)
-    (target / "tokenizer.json").write_text(tokenizer_json())
-    _write_json(target / "tokenizer_config.json", TOKENIZER_CONFIG)
-    torch.manual_seed(SEED)
-    config = AutoConfig.from_pretrained(target)
-    if size == "tiny":
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    else:
-        with torch.device("cuda"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    _favour(model.lm_head.weight.data, model.get_input_embeddings().weight.data)
-    model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
-    del model  # the realistic target's 14 GB leave the GPU before the drafter is drawn
+    write_target(target, TARGETS[size][kind], on_gpu=size != "tiny")
     weights = _draft_weights(draft_config(kind, size), shaping(size, kind))
     save_file(weights, str(draft / "model.safetensors"))
-    # save_pretrained rewrites config.json in transformers' own spelling; SGLang's Qwen3-Next
-    # config reads `full_attention_interval`, which transformers folds into `layer_types`.
-    _write_json(target / "config.json", {**json.loads((target / "config.json").read_text()),
-                                         **TARGETS[size][kind]})  # fmt: skip
     return target, draft
+
+
+def write_target(target: Path, config: dict[str, Any], *, on_gpu: bool) -> None:
+    """A target of `config` in `target`: tokenizer, seeded shaped weights (bf16), config.json.
+
+    Drawn on the CPU in float32, or `on_gpu` in bf16 (float32 init of billions of parameters on
+    a CPU takes minutes). A Qwen3.5 target is drawn as transformers' text-only Qwen3.5 model, so
+    its checkpoint holds the language model's tensors in SGLang's checkpoint names
+    (`model.layers.N.linear_attn.in_proj_qkv`, `...self_attn.q_proj`, ...) and no vision tower.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "tokenizer.json").write_text(tokenizer_json())
+    _write_json(target / "tokenizer_config.json", TOKENIZER_CONFIG)
+    settings = text_config(config)
+    hf_config = AutoConfig.for_model(
+        settings["model_type"], **{k: v for k, v in settings.items() if k != "model_type"}
+    )
+    torch.manual_seed(SEED)
+    if on_gpu:
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+    else:
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    _favour(model.lm_head.weight.data, model.get_input_embeddings().weight.data)
+    model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
+    del model  # the realistic target's GBs leave the GPU before the drafter is drawn
+    # save_pretrained rewrites config.json in transformers' own spelling (SGLang's Qwen3-Next
+    # config reads `full_attention_interval`, which transformers folds into `layer_types`; a
+    # Qwen3.5 model is saved as its text model): the lab's config goes back on top.
+    saved = json.loads((target / "config.json").read_text())
+    write_target_config(target, config if "text_config" in config else {**saved, **config})
 
 
 def _favour(head: Any, embedding: Any) -> None:

@@ -6,9 +6,9 @@
 
 It installs the carried bundle (tests/gpulab/bundle.py made it, for one release) and this
 checkout into one venv that sees the machine's torch, writes the models of `--size` (models.py:
-tiny, or realistic at Qwen3-8B's dimensions, made on the GPU), then runs `ddtree-deploy` itself
-on `host=h200_lab`: plan (preflight), patch, audit, build-kernels (CUDA for the GPU, with its
-smoke test). For each target (pure attention, hybrid) and algorithm (DFLASH, DDTREE
+tiny, or realistic: Qwen3-8B's dimensions and a dense Qwen3.5 hybrid, made on the GPU), then runs
+`ddtree-deploy` itself on `host=h200_lab`: plan (preflight), patch, audit, build-kernels (CUDA for
+the GPU, with its smoke test). For each target (pure attention, hybrid) and algorithm (DFLASH, DDTREE
 shadow_linear, DDTREE tree, a tree cell per `--budgets` entry) it starts the server with exactly
 the argv and environment `action=render output=json` gives (the machine has no systemd, so the
 lab is the service manager), and judges it with `action=validate`, the product's own gates: at
@@ -20,6 +20,11 @@ there, so no cell is re-run; `--deterministic` serves every cell in SGLang's det
 `tests/standin/plant` first on its PYTHONPATH and `DDTREE_LAB_PLANTED_BUG=wrong_child`, so its
 verify walk also takes a child the target did not pick (tests/standin/planted_bug.py). Its
 validate must fail; the table says whether it did, and whether the plant was in place.
+
+`--api-key`: every server is deployed with an API key (`service.api_key_env`), started through
+the product's launcher as its unit would start it; once healthy, each cell records whether the
+key shows on any command line of its process group, in any environment but the server's own, in
+its log, and whether a request without the key is refused (issue 26's check on a real server).
 
 `--overhead N`: DFLASH and shadow_linear served side by side on the attention target, their
 passes interleaved over N rounds at 1, 8 and 32 requests in flight (shadow_linear's cost).
@@ -33,8 +38,10 @@ server log). The tables are printed last.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -55,6 +62,7 @@ ALGOS = ("dflash", "ddtree_shadow", "ddtree")
 IN_FLIGHT = "8"  # the batched passes' requests in flight (--in-flight): 4 passes, 8 at once
 LONG_ANSWER = 160  # new tokens every prompt answers (the matrix asks for at least 128)
 OVERHEAD_CONCURRENCY = (1, 8, 32)
+LAB_KEY_VAR = "DDTREE_LAB_API_KEY"  # --api-key: where the tool reads the key (service.api_key_env)
 # About 14 s of generation per pass at batch 1 (run 2's one-second windows spread 20-30%).
 OVERHEAD_REPEATS_C1 = 8
 START_TIMEOUT_S = 420
@@ -141,6 +149,7 @@ class Cell:
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> summary
     planted: str | None = None  # the bug planted in its server
     plant_seen: bool | None = None  # whether the server log says the plant was in place
+    key_check: str | None = None  # --api-key: "clean", or where the key showed
 
 
 class Lab:
@@ -156,11 +165,17 @@ class Lab:
         self.long_answers: list[str] = []  # answer_every_prompt() fills it, once installed
         self.prompts = 0  # how many prompts the validation set holds (answer_every_prompt)
         self.toy = False  # the trained pair at train.py's toy sizes (a quick serving check)
+        self.api_key: str | None = None  # --api-key: every server requires it
         # The trained pair's own prompt set (held-out text): a config option under this folder.
         self.conf = root / "conf"
         self.validation = ["validation=lab"]
         if size == "trained":
             self.validation = [f"hydra.searchpath=[file://{self.conf}]", "validation=lab_trained"]
+
+    def require_api_key(self) -> None:
+        """Deploy every server with a fresh API key, which the tool reads from LAB_KEY_VAR."""
+        self.api_key = secrets.token_urlsafe(24)
+        self.env[LAB_KEY_VAR] = self.api_key
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -201,9 +216,10 @@ class Lab:
         minutes, its prompt set written as a validation option)."""
         models = self.root / "models"
         python = str(self.venv / "bin" / "python")
+        written = self.models_digest()
         for kind in kinds:
             done = models / self.size_name / f"{kind}.written"
-            if done.exists():
+            if done.exists() and done.read_text() == written:
                 continue
             began = time.monotonic()
             if self.size_name == "trained":
@@ -218,7 +234,20 @@ class Lab:
                 _run([python, str(Path(__file__).with_name("models.py")), str(models),
                       self.size_name, kind])  # fmt: skip
             print(f"> {self.size_name} {kind} models: {time.monotonic() - began:.0f} s", flush=True)
-            done.write_text("ok\n")
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(written)
+
+    def models_digest(self) -> str:
+        """What wrote this size's models: a digest of its generator's source and options, kept
+        in each `.written` marker, so a reused root whose models an older generator wrote (a
+        Qwen3-Next where the hybrid is now a Qwen3.5) gets them written again."""
+        sources = sorted(TRAINED.glob("*.py")) if self.size_name == "trained" else [
+            Path(__file__).with_name("models.py")
+        ]  # fmt: skip
+        digest = hashlib.sha256(f"{self.size_name} toy={self.toy}".encode())
+        for source in sources:
+            digest.update(source.read_bytes())
+        return digest.hexdigest() + "\n"
 
     @property
     def training_record(self) -> Path:
@@ -242,7 +271,8 @@ class Lab:
         lab = ["host=h200_lab", f"service={self.size.service}", *self.validation,
                f"rollout.runs_dir={self.runs}",
                f"sglang=v{self.release.split('.post')[0].replace('.', '_')}",
-               f"sglang.version={self.release}"]  # fmt: skip
+               f"sglang.version={self.release}",
+               *([f"service.api_key_env={LAB_KEY_VAR}"] if self.api_key else [])]  # fmt: skip
         return [str(self.venv / "bin" / "ddtree-deploy"), *lab, *self.long_answers, *overrides]
 
     def tool(self, name: str, *overrides: str) -> StepRun:
@@ -287,18 +317,21 @@ class Lab:
         """Start the rendered server (exactly the product's argv and environment, plus
         `environment`)."""
         spec = self.rendered(overrides)
+        argv = spec["argv"]
+        # The rendered environment masks the key; the launcher reads it from the variable its
+        # --api-key-env names, as the unit's 0600 environment file would set it.
+        key = {argv[argv.index("--api-key-env") + 1]: self.api_key} if self.api_key else {}
         path = self.logs / f"server-{label}.log"
         with path.open("wb") as log:
             log.write((" ".join(spec["argv"]) + "\n").encode())
             log.flush()
             process = subprocess.Popen(
-                spec["argv"], env={**self.env, **spec["environment"], **(environment or {})},
+                argv, env={**self.env, **spec["environment"], **key, **(environment or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.pgids.mkdir(exist_ok=True)
         (self.pgids / str(process.pid)).touch()
-        argv = spec["argv"]
         return Server(label, process, int(argv[argv.index("--port") + 1]), path, time.monotonic())
 
     def wait(self, server: Server) -> tuple[float | None, str | None]:
@@ -376,6 +409,44 @@ def plan_cells(
     return [replace(c, batched=c.key in chosen) for c in cells]
 
 
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of a process group (a server the lab started and its children)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.getpgid(int(proc.name)) == pgid:
+                pids.append(int(proc.name))
+        except ProcessLookupError:
+            continue  # gone meanwhile
+    return pids
+
+
+def key_exposure(server: Server, key: str) -> str:
+    """The verdict "clean" when the key is on no command line and in no environment of the
+    server's process group (the server's own included: the launcher starts it again without the
+    key), not in its log, and a request without it is refused; else what was found."""
+    found, pids = [], group_pids(server.process.pid)
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        program = cmdline.replace(b"\0", b" ").decode(errors="replace")[:80].replace(key, "***")
+        if key.encode() in cmdline:
+            found.append(f"process {pid}'s command line ({program})")
+        if key.encode() in environ:
+            found.append(f"process {pid}'s environment ({program})")
+    if key in server.log.read_text(errors="replace"):
+        found.append("the server log")
+    status = httpx.get(f"http://127.0.0.1:{server.port}/v1/models", timeout=10).status_code
+    if status != 401:
+        found.append(f"a request without the key answered HTTP {status}")
+    if found:
+        return f"KEY EXPOSED: {', '.join(found)} ({len(pids)} processes)"
+    return f"clean ({len(pids)} processes; HTTP 401 without the key)"
+
+
 def planted_environment(env: dict[str, str], bug: str) -> dict[str, str]:
     """The plant folder first on the server's PYTHONPATH (its sitecustomize plants `bug`)."""
     path = [str(PLANT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
@@ -435,6 +506,9 @@ class TargetCells:
         cell.start_s, cell.start_error = lab.wait(server)
         if cell.start_error is not None:
             print(f"> {self.names[i]}: server did not start: {cell.start_error[-300:]}", flush=True)
+        elif lab.api_key:
+            cell.key_check = key_exposure(server, lab.api_key)
+            print(f"> {self.names[i]}: API key check: {cell.key_check}", flush=True)
 
     def judge(self, lab: Lab, i: int, label: str) -> None:
         """One validate pass of cell i against its server, once healthy."""
@@ -669,6 +743,8 @@ def main() -> int:
                         help="the batched passes' requests in flight, e.g. 8,32")  # fmt: skip
     parser.add_argument("--toy", action="store_true",
                         help="--size trained at train.py's toy sizes: seconds, to check serving")  # fmt: skip
+    parser.add_argument("--api-key", action="store_true",
+                        help="serve every cell with an API key and check where it shows")  # fmt: skip
     parser.add_argument("--models-only", action="store_true",
                         help="install, run --steps and write (or train) the models, then stop")  # fmt: skip
     args = parser.parse_args()
@@ -682,6 +758,8 @@ def main() -> int:
     release = json.loads((args.bundle / "MANIFEST.json").read_text())["release"]
     lab = Lab(args.root, args.out, release, args.size)
     lab.toy = args.toy
+    if args.api_key:
+        lab.require_api_key()
     began = time.monotonic()
     print(f"> installing the bundle (SGLang {release}) and the checkout", flush=True)
     reused = lab.install(args.bundle, reuse=args.reuse)

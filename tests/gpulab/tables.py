@@ -79,6 +79,8 @@ def matrix_table(cells: list[dict[str, Any]]) -> list[str]:
             gaps = (f"{run['max_gap']} ({run.get('baseline_max_gap')})"
                     if run.get("max_gap") is not None else "")  # fmt: skip
             note = planted_verdict(run, cell.get("plant_seen")) if planted else ""
+            if cell.get("key_check"):
+                note = f"{note} API key: {cell['key_check']}".strip()
             lines.append(
                 f"| {cell['target']} | {algo} | {label} | {cell['start_s']} | {gates} | {run['exit']} "
                 f"| {where} | {run.get('divergences') if run.get('divergences') is not None else ''} "

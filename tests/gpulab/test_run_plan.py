@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # run.py imports its sibling `tables`, as a script
+import run
 from run import (
     LONG_ANSWER,
     PLANT_MARKER,
@@ -29,6 +30,7 @@ from run import (
     run_cells,
     trained_validation,
 )
+from validate.conftest import free_port
 
 from ddtree_deploy.config import compose_config
 
@@ -175,3 +177,90 @@ def test_cells_run_their_passes_and_the_planted_one_its_plant(tmp_path: Path) ->
     assert planted is not None and planted["DDTREE_LAB_PLANTED_BUG"] == PLANTED_BUG
     assert [k for k, v in lab.environments.items() if v] == ["attention-planted"]
     assert [(c.planted, c.plant_seen) for c in cells][-2:] == [(None, None), (PLANTED_BUG, True)]
+
+
+def test_models_a_changed_generator_wrote_are_written_again_on_a_reused_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reused root keeps models an earlier call wrote, unless their generator changed since:
+    a marker from an older models.py (a Qwen3-Next hybrid) must not serve as today's."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(run, "_run", lambda argv, **_: calls.append(argv) or "")
+    lab = _Lab(tmp_path, size="realistic")
+    lab.write_models(["hybrid"])
+    lab.write_models(["hybrid"])  # the same generator: kept
+    assert len(calls) == 1
+    (tmp_path / "models" / "realistic" / "hybrid.written").write_text("ok\n")  # an older one's
+    lab.write_models(["hybrid"])
+    assert len(calls) == 2 and calls[-1][-2:] == ["realistic", "hybrid"]
+    toy = _Lab(tmp_path / "trained", size="trained")
+    assert toy.models_digest() != (setattr(toy, "toy", True) or toy.models_digest())
+
+
+KEY_PROBE = """
+import http.server, logging, multiprocessing, sys, time
+
+class Refuse(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(401)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+def idle():
+    time.sleep(60)
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    logging.info("server_args=%s", sys.argv[1:])  # as SGLang logs its arguments at start
+    multiprocessing.get_context("spawn").Process(target=idle, daemon=True).start()
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Refuse).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("through_launcher", [True, False], ids=["launcher", "key-in-argv"])
+def test_the_key_check_finds_a_key_on_a_command_line_and_passes_the_launchers_server(
+    tmp_path: Path, through_launcher: bool
+) -> None:
+    """key_exposure on real processes: a server group started the way the product's unit starts
+    it is clean; the same server given `--api-key` on its command line is caught."""
+    key, port = "lab-key-3f9c", free_port()
+    (tmp_path / "keyprobe.py").write_text(KEY_PROBE)
+    kernels = Path(__file__).resolve().parents[2] / "kernels"
+    env = {**os.environ, "PYTHONPATH": f"{kernels}{os.pathsep}{tmp_path}", "LAB_KEY": key}
+    head = ["-m", "ddtree_launch", "--api-key-env", "LAB_KEY"] if through_launcher else []
+    argv = [sys.executable, *head, "-m" if not head else "", "keyprobe", str(port)]
+    argv = [a for a in argv if a] + ([] if through_launcher else ["--api-key", key])
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    server = Server("probe", process, port, log, time.monotonic())
+    try:
+        deadline = time.monotonic() + 30
+        while "server_args" not in log.read_text() or len(run.group_pids(process.pid)) < 2:
+            assert time.monotonic() < deadline and process.poll() is None, log.read_text()
+            time.sleep(0.2)
+        time.sleep(0.5)  # the HTTP server binds right after the child starts
+        verdict = run.key_exposure(server, key)
+    finally:
+        os.killpg(process.pid, 9)
+        process.wait()
+    if through_launcher:
+        assert verdict.startswith("clean (") and "HTTP 401 without the key" in verdict, verdict
+    else:
+        assert (
+            verdict.startswith("KEY EXPOSED: ")
+            and f"process {process.pid}'s command line" in verdict
+        )
+        assert "the server log" in verdict
+
+
+def test_an_api_key_lab_deploys_every_server_with_the_key_the_tool_reads(tmp_path: Path) -> None:
+    lab = _Lab(tmp_path)
+    lab.require_api_key()
+    assert lab.api_key and lab.env[run.LAB_KEY_VAR] == lab.api_key
+    overrides = [a for a in lab._argv([]) if "=" in a]
+    assert f"service.api_key_env={run.LAB_KEY_VAR}" in overrides
+    assert compose_config(overrides).service.api_key_env == run.LAB_KEY_VAR

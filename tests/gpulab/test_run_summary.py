@@ -52,6 +52,19 @@ def test_table_names_the_diverging_cell() -> None:
     assert "| hybrid | dflash | - | failed | 'boom' |" in table
 
 
+def test_table_notes_each_cells_api_key_check() -> None:
+    run = summarize(_report("attention-tree-report.json"), 0)
+    cells = [
+        {"target": "attention", "algo": algo, "start_s": 1.0, "start_error": None,
+         "runs": {"batch1": run}, "key_check": check}
+        for algo, check in (("dflash", "clean (5 processes; HTTP 401 without the key)"),
+                            ("ddtree", "KEY EXPOSED: the server log (5 processes)"))
+    ]  # fmt: skip
+    rows = matrix_table(cells)[2:]
+    assert rows[0].endswith("| API key: clean (5 processes; HTTP 401 without the key) |")
+    assert rows[1].endswith("| API key: KEY EXPOSED: the server log (5 processes) |")
+
+
 def test_overhead_table_pairs_warm_rounds() -> None:
     def one(algo: str, rnd: int, tps: float) -> dict[str, object]:
         gates = {"shadow_linear": "passed"} if algo == "ddtree_shadow" else {"baseline": "passed"}

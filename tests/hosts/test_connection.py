@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path, PurePosixPath
 
+import fabric.runners
 import pytest
 
 from ddtree_deploy.errors import CommandFailed, HostError, UnreachableHost
@@ -46,6 +48,22 @@ def test_run_returns_failure_without_check(any_host: ShellHost) -> None:
 def test_run_times_out_with_one_sentence(any_host: ShellHost) -> None:
     with pytest.raises(HostError, match=r"did not finish within 0.5 s"):
         any_host.run(["sleep", "5"], timeout_s=0.5)
+
+
+@pytest.mark.sshd
+def test_ssh_timeout_is_a_timeout_while_the_timer_thread_is_still_alive(
+    ssh_connection: SshHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order a loaded machine produces: the channel is closed, the timer thread not yet done."""
+    close_channel = fabric.runners.Remote.kill
+
+    def close_then_linger(runner: fabric.runners.Remote) -> None:
+        close_channel(runner)
+        time.sleep(1.5)  # the main thread sees exit -1 and finishes while this thread lives
+
+    monkeypatch.setattr(fabric.runners.Remote, "kill", close_then_linger)
+    with pytest.raises(HostError, match=r"did not finish within 0.5 s"):
+        ssh_connection.run(["sleep", "5"], timeout_s=0.5)
 
 
 def test_write_atomic_round_trips_binary_with_mode(any_host: ShellHost, tmp_path: Path) -> None:

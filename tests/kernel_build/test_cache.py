@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
+import time
 from pathlib import Path
 
 from kernel_build.test_key import BASE as KEY
@@ -31,3 +33,27 @@ def test_writers_storing_one_key_at_once_all_succeed_and_leave_one_whole_entry(
     cached = WheelCache(tmp_path).get(KEY)
     assert cached is not None and cached.path.read_bytes().startswith(b"writer ")
     assert [p.name for p in tmp_path.iterdir()] == [KEY.slug]  # no temp folder left behind
+
+
+def test_hosts_of_one_abi_deployed_at_once_build_the_wheel_once(tmp_path: Path) -> None:
+    """What the kernels step does per host of a fleet's batch: under the key's build lock, take
+    the cached wheel or build and store it; the second host waits and takes the first's."""
+    cache = WheelCache(tmp_path)
+    built: list[int] = []
+    start = threading.Barrier(3)
+
+    def deploy(host: int) -> None:
+        start.wait(timeout=10)
+        with cache.building(KEY):
+            if cache.get(KEY) is None:
+                time.sleep(0.3)  # the build: long enough for the others to ask meanwhile
+                built.append(host)
+                cache.put(KEY, WHEEL, b"wheel" * 512, built_on=f"host{host}")
+
+    threads = [threading.Thread(target=deploy, args=(h,)) for h in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(built) == 1
+    assert WheelCache(tmp_path).get(KEY) is not None

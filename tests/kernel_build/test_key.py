@@ -94,7 +94,7 @@ def test_source_hash_ignores_build_leftovers_and_tests(kernels_source: Path) -> 
     (kernels_source / "tests" / "test_x.py").write_text("")
     assert source_sha256(kernels_source) == before
     names = {p.relative_to(kernels_source).as_posix() for p in source_files(kernels_source)}
-    assert {"setup.py", "pyproject.toml", "ddtree_kernels/__init__.py"} <= names
+    assert {"setup.py", "pyproject.toml", "ddtree_launch.py", "ddtree_kernels/__init__.py"} <= names
     assert not any(n.startswith(("build/", "tests/")) or n.endswith(".so") for n in names)
 
 

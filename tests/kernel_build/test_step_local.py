@@ -24,8 +24,9 @@ from ddtree_deploy.kernel_build import (
 
 def _import_origin(python: PurePosixPath) -> dict[str, object]:
     code = (
-        "import json, ddtree_kernels; "
-        "print(json.dumps({'file': ddtree_kernels.__file__, **ddtree_kernels.build_info()}))"
+        "import json, ddtree_kernels, ddtree_launch; "
+        "print(json.dumps({'file': ddtree_kernels.__file__, 'launcher': ddtree_launch.__file__, "
+        "**ddtree_kernels.build_info()}))"
     )
     done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
     result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
@@ -51,6 +52,7 @@ def test_reference_build_installs_then_second_apply_changes_nothing(
     assert first.smoke.module_file.startswith(venv)
     origin = _import_origin(reference_step.python)
     assert origin["cuda_extension_built"] is False
+    assert str(origin["launcher"]).startswith(venv)  # the unit's launcher ships in the wheel
 
     state = json.loads(Path(reference_step.state_dir, "state.json").read_text())
     assert state["kernels"]["key"] == first.key.slug

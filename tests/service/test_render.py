@@ -28,7 +28,7 @@ def test_rendered_unit_passes_verify_and_exposure(host: str, algo: str) -> None:
     assert lint.ok, lint.verify_findings
     assert lint.exposure is not None and lint.exposure <= cfg.service.max_exposure
     assert "sk-never-shown" not in rendered.unit_text + rendered.env_masked
-    assert "${SGLANG_API_KEY}" in rendered.unit_text
+    assert "-m ddtree_launch" in rendered.unit_text
 
 
 def test_ddtree_arguments_follow_the_algo() -> None:
@@ -52,6 +52,32 @@ def test_proven_release_opens_the_servers_hybrid_gate_without_the_opt_in() -> No
     unproven = ["host=ct200", "sglang=v0_5_23", "algo=ddtree"]
     argv = list(render_service(compose_config([*unproven, HYBRID_OK]), None).argv)
     assert "--speculative-ddtree-allow-hybrid-unsafe" in argv
+
+
+def test_unit_with_an_api_key_starts_the_launcher_and_holds_no_key_argument() -> None:
+    """The key lives in the 0600 env file; the launcher hands it to SGLang in-process."""
+    cfg = compose_config(["host=ct200", "algo=dflash"])
+    keyed = render_service(cfg, Secret("sk-never-shown"))
+    python = "/opt/sglang/venv/bin/python"
+    assert keyed.argv[:7] == (
+        python, "-m", "ddtree_launch", "--api-key-env", "SGLANG_API_KEY", "sglang.launch_server",
+        "--model-path",
+    )  # fmt: skip
+    exec_start = [
+        f"ExecStart={python} \\",
+        "    -m ddtree_launch \\",
+        "    --api-key-env SGLANG_API_KEY sglang.launch_server \\",
+        "    --model-path /models/Qwen3.6-27B \\",
+    ]
+    assert "\n".join(exec_start) in keyed.unit_text
+    assert "--api-key" not in keyed.argv
+    assert "--api-key " not in keyed.unit_text and "${" not in keyed.unit_text
+    assert "SGLANG_API_KEY='sk-never-shown'" in keyed.env_text.splitlines()
+    assert "SGLANG_API_KEY='***'" in keyed.env_masked.splitlines()
+    plain = render_service(cfg, None)
+    assert plain.argv[:3] == (python, "-m", "sglang.launch_server")
+    assert "ddtree_launch" not in plain.unit_text and "SGLANG_API_KEY" not in plain.env_text
+    assert keyed.argv[5:] == plain.argv[2:]  # the server's arguments are the same
 
 
 def test_unit_keeps_gpu_devices_reachable() -> None:

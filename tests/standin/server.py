@@ -30,6 +30,9 @@ baseline and every rollback stay healthy:
 Timing (`standin.model.pass_time`): `STANDIN_STEP_S` (default 0.03) seconds is the fixed part of a
 verify pass; the tokens verified by all requests in flight add to it (a batch shares each pass),
 a tree's nodes at `STANDIN_TREE_COST` (1.05) times a chain token's cost.
+
+Like SGLang, the server starts a child process with multiprocessing's spawn method
+(`standin.helper`), so the unit's tests see what the server's children inherit.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from standin.helper import start_helper
 from standin.model import VOCAB, Decoder, detokenize, target_logprobs, tokenize
 
 FAULTS = (
@@ -335,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if service.fault == "crash_loop":
         log.error("injected fault crash_loop: exiting")
         return 1
+    start_helper()
     server = ThreadingHTTPServer((args.host, int(args.port)), _handler(service))
     server.daemon_threads = True
     try:

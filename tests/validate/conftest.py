@@ -57,7 +57,7 @@ class LocalStandin:
     process: subprocess.Popen[bytes]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A free port below 55536: SGLang refuses ports whose derived gRPC port (+10000) overflows."""
     for port in random.sample(range(20000, 50000), 200):
         with socket.socket() as sock:
@@ -76,7 +76,7 @@ def start_local_standin(
     for relative, text in model_configs().items():
         (models / relative).parent.mkdir(parents=True, exist_ok=True)
         (models / relative).write_text(text)
-    port = _free_port()
+    port = free_port()
     argv = [
         str(root / "venv" / "bin" / "python"),
         "-m",
@@ -186,20 +186,31 @@ def key_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def standin_lab(standin_root: tuple[Path, Path]) -> Iterator[StandinLab]:
+def boot_standin_lab(standin_root: tuple[Path, Path]) -> tuple[Container, StandinLab]:
+    """A new container that can run the stand-in (skips where containers cannot run)."""
     reason = unavailable_reason(containers=True)
     if reason is not None:
         _skip_or_fail(reason)
     root, source = standin_root
     read_only = [path for path in binds(root, source) if path != root]
-    # The stand-in's venv under `root` is written to by the deploy (kernels, patches).
+    # The stand-in's venv under `root` is written to by the deploy (kernels, patches); each
+    # container writes to its own upper layer.
     container: Container = boot_container(ensure_rootfs(), binds_ro=read_only, overlays=[root])
     try:
         lab = StandinLab(container.host, root / "venv")
         with lab.connect() as host:
             for relative, text in model_configs().items():
                 host.write_atomic(PurePosixPath(MODEL_DIR) / relative, text)
+    except BaseException:
+        container.stop()
+        raise
+    return container, lab
+
+
+@pytest.fixture(scope="session")
+def standin_lab(standin_root: tuple[Path, Path]) -> Iterator[StandinLab]:
+    container, lab = boot_standin_lab(standin_root)
+    try:
         yield lab
     finally:
         container.stop()

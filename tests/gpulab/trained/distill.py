@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from gpulab.trained.blocks import build_blocks, decay_weights, sample_anchors
 from gpulab.trained.drafter import Drafter
 from gpulab.trained.generate import target_features
-from gpulab.trained.loop import StageRecord, autocast, lr_at
+from gpulab.trained.loop import StageRecord, adamw, autocast, schedule
 from gpulab.trained.sizes import Sizes
 
 
@@ -64,20 +64,13 @@ def train_drafter(
     record = StageRecord(steps_planned=sizes.draft_steps, cap_s=sizes.draft_cap_s)
     target.to(device).eval().requires_grad_(False)
     drafter.to(device).train()
-    optimizer = torch.optim.AdamW(
-        drafter.parameters(),
-        lr=sizes.draft_lr,
-        betas=(0.9, 0.95),
-        weight_decay=0.01,
-        fused=device.type == "cuda",
-    )
+    optimizer = adamw(drafter.parameters(), sizes.draft_lr, 0.01, device)
     sequences = sequences.to(device)
     loss_mask = torch.zeros(sequences.shape[1], dtype=torch.bool, device=device)
     loss_mask[prompt_len:] = True
     step = 0
     while step < sizes.draft_steps and not record.over_cap():
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, sizes.draft_steps, sizes.draft_lr)
+        schedule(optimizer, step, sizes.draft_steps, sizes.draft_lr)
         rows = torch.randint(len(sequences), (sizes.draft_batch,), generator=generator)
         tokens = sequences[rows.to(device)]
         mask = loss_mask.expand_as(tokens)

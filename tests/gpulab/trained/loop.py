@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +26,21 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (
         FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress))
     )
+
+
+def adamw(
+    params: Iterable[torch.nn.Parameter], peak: float, weight_decay: float, device: torch.device
+) -> torch.optim.AdamW:
+    """The optimizer both stages train with (fused kernels on CUDA)."""
+    return torch.optim.AdamW(
+        params, lr=peak, betas=(0.9, 0.95), weight_decay=weight_decay, fused=device.type == "cuda"
+    )
+
+
+def schedule(optimizer: torch.optim.Optimizer, step: int, steps: int, peak: float) -> None:
+    """Set every group's rate for `step` (`lr_at`)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step, steps, peak)
 
 
 def autocast(device: torch.device) -> torch.autocast:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gpulab.trained.loop import StageRecord, autocast, lr_at
+from gpulab.trained.loop import StageRecord, adamw, autocast, schedule
 from gpulab.trained.sizes import Sizes
 from gpulab.trained.tokenizer import EOS_ID
 
@@ -71,18 +71,11 @@ def train_target(
     """Next-token training on random packed windows [N, seq_len]; counts trained tokens."""
     record = StageRecord(steps_planned=sizes.target_steps, cap_s=sizes.target_cap_s)
     model.to(device).train()
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=sizes.target_lr,
-        betas=(0.9, 0.95),
-        weight_decay=0.1,
-        fused=device.type == "cuda",
-    )
+    optimizer = adamw(model.parameters(), sizes.target_lr, 0.1, device)
     windows = windows.to(device)
     step = 0
     while step < sizes.target_steps and not record.over_cap():
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, sizes.target_steps, sizes.target_lr)
+        schedule(optimizer, step, sizes.target_steps, sizes.target_lr)
         rows = torch.randint(len(windows), (sizes.target_batch,), generator=generator)
         batch = windows[rows.to(device)]
         with autocast(device):

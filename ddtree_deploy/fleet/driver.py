@@ -1,0 +1,245 @@
+"""One fleet host's run: the single-host action, in its own run folder, as a `HostRun`.
+
+Each host gets `<fleet run>/<host>/` with its own `events.jsonl` and report files, exactly what
+`ddtree-deploy host=<host> action=...` leaves, and runs `rollout.actions.HANDLERS[action]` with
+its own connection and its own lock (a host another run holds is refused, not waited for).
+The step it is at goes to the fleet's sinks as `fleet.step` events (the live table).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.errors import DeployError, PreflightRefused, UnreachableHost
+from ddtree_deploy.events import JsonLinesSink, emit, sink_installed
+from ddtree_deploy.fleet.schedule import Started
+from ddtree_deploy.fleet.strategy import HostRun, Verdict
+from ddtree_deploy.hosts.factory import connect
+from ddtree_deploy.hosts.lock import HostBusy, host_lock
+from ddtree_deploy.report.audit_report import write_audit_reports
+from ddtree_deploy.report.run_report import write_run_report
+from ddtree_deploy.rollout.actions import HANDLERS, ActionOutcome
+from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.rollback import rollback
+from ddtree_deploy.rollout.validation_flow import ValidationFailed
+from ddtree_deploy.validate.record import ValidationRecord
+
+# Actions that change a host: the generation it had before is journaled (rollback_all).
+_CHANGING = frozenset({"deploy", "rollback", "tune"})
+# Actions after which the host's generation is read for the recap.
+_SERVING = frozenset({"deploy", "rollback", "tune", "validate"})
+
+
+class ActionDriver:
+    """Runs the fleet's action on each member (`HostDriver` for `fleet.schedule`)."""
+
+    def __init__(
+        self,
+        members: Mapping[str, DeployConfig],
+        fleet_dir: Path,
+        fleet_emit: Callable[..., None],
+        *,
+        record_before: bool,
+    ) -> None:
+        """`record_before`: read each changing host's generation before its run for the journal
+        (what `on_failure=rollback_all` returns it to); otherwise no extra connection."""
+        self.members = members
+        self.fleet_dir = fleet_dir
+        self.fleet_emit = fleet_emit
+        self.record_before = record_before
+
+    def run(self, name: str, started: Started) -> HostRun:
+        cfg = self.members[name]
+        return self._in_run_dir(name, name, lambda run_dir: self._act(cfg, run_dir, started))
+
+    def restore(self, name: str, generation: int | None) -> HostRun:
+        """Return the host to `generation` (None: the unit found before its first) in one
+        restart, under its lock; `ok` when it is there already."""
+        cfg = self.members[name]
+        return self._in_run_dir(name, f"{name}-rollback", lambda _: self._restore(cfg, generation))
+
+    # -- one host ----------------------------------------------------------------------------
+
+    def _in_run_dir(self, name: str, folder: str, body: Callable[[Path], HostRun]) -> HostRun:
+        """`body` with the host's events going to `<fleet run>/<folder>/events.jsonl`."""
+        run_dir = self.fleet_dir / folder
+        run_dir.mkdir(parents=True, exist_ok=True)
+        sink = JsonLinesSink(run_dir / "events.jsonl")
+        began = time.monotonic()
+        try:
+            with sink_installed(sink), sink_installed(self._progress(name)):
+                emit("run.start", action=self.members[name].action, host=name, folder=folder)
+                run = body(run_dir)
+                emit("run.end", exit_code=run.exit_code, verdict=run.verdict.value)
+        finally:
+            sink.close()
+        return replace(run, name=name, wall_s=time.monotonic() - began, run_dir=str(run_dir))
+
+    def _act(self, cfg: DeployConfig, run_dir: Path, started: Started) -> HostRun:
+        name = cfg.host.name
+        try:
+            if self.record_before and cfg.action in _CHANGING:
+                started(_state(cfg)["generation"])
+            outcome = HANDLERS[cfg.action](cfg)
+        except DeployError as err:
+            emit("run.failed", error=str(err), kind=type(err).__name__)
+            record = err.record if isinstance(err, ValidationFailed) else None
+            if record is not None:
+                write_run_report(run_dir, record.to_dict())
+            return self._failed(cfg, err, record)
+        _write_reports(run_dir, outcome)
+        state: dict[str, Any] = {"generation": outcome.generation, "summary": outcome.serving}
+        if outcome.serving is None and cfg.action in _SERVING:  # validate, tune: ask the host
+            state = _state(cfg)
+        tokens, speedup = figures(outcome.validation)
+        changed = _changed(outcome)
+        verdict = Verdict.changed if changed else Verdict.ok
+        if outcome.exit_code:
+            verdict = Verdict.failed
+        return HostRun(
+            name,
+            verdict,
+            (outcome.summary or _summary(outcome, verdict)).removeprefix(f"{name}: "),
+            outcome.exit_code,
+            generation=state.get("generation"),
+            algo=str(state.get("summary") or state.get("algo") or ""),
+            tokens_per_s=tokens,
+            speedup=speedup,
+            outcome=outcome,
+        )
+
+    def _failed(
+        self, cfg: DeployConfig, err: DeployError, record: ValidationRecord | None
+    ) -> HostRun:
+        if isinstance(err, UnreachableHost):
+            verdict = Verdict.unreachable
+        elif isinstance(err, PreflightRefused | HostBusy):
+            verdict = Verdict.refused
+        else:
+            verdict = Verdict.failed
+        state: dict[str, Any] = {}
+        if verdict is Verdict.failed and cfg.action in _SERVING:
+            try:  # where the host's own rollback left it
+                state = _state(cfg)
+            except DeployError:
+                state = {}
+        tokens, speedup = figures(record)
+        return HostRun(
+            cfg.host.name,
+            verdict,
+            str(err),
+            err.exit_code,
+            generation=state.get("generation"),
+            algo=str(state.get("summary") or state.get("algo") or ""),
+            tokens_per_s=tokens,
+            speedup=speedup,
+        )
+
+    def _restore(self, cfg: DeployConfig, generation: int | None) -> HostRun:
+        name = cfg.host.name
+        try:
+            with (
+                connect(cfg.host) as host,
+                host_lock(host, PurePosixPath(cfg.host.state_dir), "rollback"),
+            ):
+                state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
+                if state["generation"] == generation and state["in_progress"] is None:
+                    return HostRun(
+                        name,
+                        Verdict.ok,
+                        f"already at generation {generation}",
+                        generation=generation,
+                        algo=str(state.get("summary", "")),
+                    )
+                outcome = rollback(cfg, host, to_generation=generation or 0)
+        except DeployError as err:
+            emit("run.failed", error=str(err), kind=type(err).__name__)
+            return HostRun(
+                name, Verdict.failed, f"rollback_all could not restore it: {err}", err.exit_code
+            )
+        came_from = f" from generation {outcome.from_generation}" if outcome.from_generation else ""
+        return HostRun(
+            name,
+            Verdict.rolled_back,
+            f"rolled back{came_from} to generation {outcome.to_generation} "
+            f"({outcome.summary}); the unit is {outcome.unit_state}.",
+            generation=outcome.to_generation,
+            algo=outcome.summary,
+        )
+
+    def _progress(self, name: str) -> Callable[[dict[str, Any]], None]:
+        """A host sink that tells the fleet which step the host is at."""
+
+        def sink(record: dict[str, Any]) -> None:
+            step = _step_of(record)
+            if step is not None:
+                self.fleet_emit("fleet.step", host=name, step=step)
+
+        return sink
+
+
+def _state(cfg: DeployConfig) -> dict[str, Any]:
+    with connect(cfg.host) as host:
+        return GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
+
+
+def _step_of(record: dict[str, Any]) -> str | None:
+    """The live table's words for a host event, or None for events it does not show."""
+    event = record.get("event")
+    if event == "preflight":
+        return "preflight refused" if record.get("refusals") else "preflight"
+    if event in ("step.check", "step.result"):
+        return f"{record['step']}: {record.get('status')}"
+    if event == "validate.phase":
+        return f"gates {record['phase']}"
+    if event == "validate.gate":
+        return f"{record.get('phase')}/{record.get('gate')} {record.get('outcome')}"
+    if event in ("kernels.build", "rollback.start", "deploy.unchanged", "status", "audit"):
+        return str(event).replace(".", " ")
+    return None
+
+
+def _changed(outcome: ActionOutcome) -> bool:
+    if outcome.validation is not None and outcome.validation.decision:
+        return outcome.validation.decision not in ("unchanged", "staging") or any(
+            r.status == "changed" for r in outcome.results
+        )
+    return any(r.status == "changed" for r in outcome.results)
+
+
+def _summary(outcome: ActionOutcome, verdict: Verdict) -> str:
+    if outcome.status is not None:
+        return f"{outcome.status.unit_state}; drift: {len(outcome.status.drift)}"
+    if outcome.steps:
+        would = [s.name for s in outcome.steps if s.status == "would_change"]
+        return f"would change: {', '.join(would)}" if would else "nothing to change"
+    return verdict.value
+
+
+def figures(record: ValidationRecord | None) -> tuple[float | None, float | None]:
+    """The last measured tokens/s and the tree gate's speedup, where the run measured them."""
+    if record is None:
+        return None, None
+    tokens = speedup = None
+    for phase in record.phases:
+        if phase.measurement is not None:
+            tokens = phase.measurement.get("tokens_per_s", tokens)
+        for gate in phase.gates:
+            figures = gate.to_dict().get("figures") or {}
+            if "speedup" in figures:
+                speedup = figures["speedup"]
+                tokens = figures.get("tree_tokens_per_s", tokens)
+    return tokens, speedup
+
+
+def _write_reports(run_dir: Path, outcome: ActionOutcome) -> None:
+    """The host's report files, as a single-host run writes them."""
+    if outcome.validation is not None:
+        write_run_report(run_dir, outcome.validation.to_dict())
+    if outcome.audit is not None:
+        write_audit_reports(outcome.audit, run_dir)
