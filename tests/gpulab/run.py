@@ -318,21 +318,32 @@ class Lab:
         `environment`)."""
         spec = self.rendered(overrides)
         argv = spec["argv"]
-        # The rendered environment masks the key; the launcher reads it from the variable its
-        # --api-key-env names, as the unit's 0600 environment file would set it.
-        key = {argv[argv.index("--api-key-env") + 1]: self.api_key} if self.api_key else {}
         path = self.logs / f"server-{label}.log"
         with path.open("wb") as log:
             log.write((" ".join(spec["argv"]) + "\n").encode())
             log.flush()
             process = subprocess.Popen(
-                argv, env={**self.env, **spec["environment"], **key, **(environment or {})},
+                argv, env=self.server_environment(spec, environment),
                 stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.pgids.mkdir(exist_ok=True)
         (self.pgids / str(process.pid)).touch()
         return Server(label, process, int(argv[argv.index("--port") + 1]), path, time.monotonic())
+
+    def server_environment(
+        self, spec: dict[str, Any], environment: dict[str, str] | None
+    ) -> dict[str, str]:
+        """The lab's environment, the rendered one and `environment`, and the key only where a
+        unit's 0600 environment file puts it: in the variable the launcher's --api-key-env
+        names (the rendered environment masks it). Not LAB_KEY_VAR, the lab's own copy for the
+        tool's gates: a server holding that would show the key in every process's environment."""
+        env = {k: v for k, v in self.env.items() if k != LAB_KEY_VAR}
+        env.update(spec["environment"])
+        if self.api_key:
+            argv = spec["argv"]
+            env[argv[argv.index("--api-key-env") + 1]] = self.api_key
+        return {**env, **(environment or {})}
 
     def wait(self, server: Server) -> tuple[float | None, str | None]:
         """Seconds from start to /health 200, or (None, why); a server that fails is stopped."""

@@ -257,6 +257,21 @@ def test_the_key_check_finds_a_key_on_a_command_line_and_passes_the_launchers_se
         assert "the server log" in verdict
 
 
+def test_an_api_key_lab_server_gets_the_key_only_where_its_unit_would(tmp_path: Path) -> None:
+    """Run 12 on the H200 found the key in the environment of the server and its resource
+    tracker: the lab had started each server with its own copy (LAB_KEY_VAR) inherited."""
+    lab = _Lab(tmp_path)
+    lab.require_api_key()
+    spec = {
+        "argv": ["python", "-m", "ddtree_launch", "--api-key-env", "SGLANG_API_KEY", "sglang"],
+        "environment": {"SGLANG_API_KEY": "***", "CUDA_VISIBLE_DEVICES": "0"},
+    }
+    env = lab.server_environment(spec, {"PLANT": "1"})
+    assert [var for var, value in env.items() if value == lab.api_key] == ["SGLANG_API_KEY"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["PLANT"] == "1"
+    assert env["DDTREE_LAB_ROOT"] == str(tmp_path)
+
+
 def test_an_api_key_lab_deploys_every_server_with_the_key_the_tool_reads(tmp_path: Path) -> None:
     lab = _Lab(tmp_path)
     lab.require_api_key()
