@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_kernels import ops
-from ddtree_kernels.types import Tree
+from ddtree_kernels.types import Tree, Walk
 
 API_VERSION = 1
 
@@ -512,3 +512,157 @@ def mamba_steps(
         return last.squeeze(1), None
     node = accept_index.gather(1, steps_to_track.clamp(min=0).unsqueeze(1)).squeeze(1)
     return last.squeeze(1), torch.where(steps_to_track >= 0, node, -1)
+
+
+# ------------------------------------------------------------------ added to API 1 (worker v1)
+# Public names added after API 1 first shipped, for the worker-v1 sets (0.5.11 to 0.5.13): their
+# DFlashWorker accepts through a verify input's `_accept_drafts` (candidates in commit order) and
+# draws the target's token at every node itself. Adding names needs no bump (old sets never call
+# them); these follow the same rule from here on.
+
+__all__ += [
+    "chain_accept_index",
+    "path_rows",
+    "sample_target_tokens",
+    "vocab_parallel_topk_logprobs",
+    "walk_tree",
+]
+
+
+def vocab_parallel_topk_logprobs(
+    hidden_states: torch.Tensor,
+    lm_head: Any,  # noqa: ANN401 (SGLang's ParallelLMHead: `weight`, `shard_indices`)
+    k: int,
+    tp_group: TPGroup,
+    *,
+    chunk_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k draft log-probs [n, k] fp32 and ids [n, k] int64 through SGLang's `ParallelLMHead`,
+    its added (LoRA) vocabulary included: the shard's columns are its base rows, then its added
+    rows (past the base padding), so ascending columns are ascending ids and ties still go to
+    the smaller id. `lm_head_topk_logprobs` refuses such a head; the worker-v1 sets served it.
+
+    With TP each rank's top-k and shard logZ are merged (`merge_tp_topk`); a shard smaller than
+    k pads with candidates that never win. Chunks of `chunk_size` rows, the worker-v1 sets' own
+    (the chunk's row count can change a GPU matmul's reduction order, so it is kept).
+    """
+    n = int(hidden_states.shape[0])
+    device = hidden_states.device
+    logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
+    ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
+    if n == 0:
+        return logp_out, ids_out
+    tp = int(tp_group.world_size)
+    shard = lm_head.shard_indices
+    weight = lm_head.weight  # [local vocab, padded, hidden]
+    num_org = int(shard.num_org_elements)
+    num_org_padded = int(shard.num_org_elements_padded)
+    num_added = int(shard.num_added_elements)
+    local_ids = torch.cat(
+        [
+            torch.arange(num_org, device=device) + int(shard.org_vocab_start_index),
+            torch.arange(num_added, device=device) + int(shard.added_vocab_start_index),
+        ]
+    )
+    local_k = min(k, int(local_ids.numel()))
+    if tp == 1 and local_k < k:
+        raise ValueError(f"DDTREE topk {k} exceeds the vocabulary ({local_k}).")
+    for start in range(0, n, int(chunk_size)):
+        end = min(n, start + int(chunk_size))
+        hs = hidden_states[start:end].to(weight.dtype)
+        logits = torch.matmul(hs, weight[:num_org].T)
+        if num_added > 0:
+            added = weight[num_org_padded : num_org_padded + num_added]
+            logits = torch.cat([logits, torch.matmul(hs, added.T)], dim=1)
+        top = ops.topk_logprobs(logits, local_k)
+        top_ids = local_ids[top.ids]
+        if tp == 1:
+            logp_out[start:end], ids_out[start:end] = top.logp, top_ids
+            continue
+        rows = end - start
+        log_z = torch.logsumexp(logits.float(), dim=-1)
+        logp = top.logp
+        if local_k < k:  # a shard smaller than k: entries that never win
+            logp = torch.cat([logp, logp.new_full((rows, k - local_k), float("-inf"))], 1)
+            never = top_ids.new_full((rows, k - local_k), torch.iinfo(torch.int64).max)
+            top_ids = torch.cat([top_ids, never], 1)
+        g_logp = torch.empty((tp * rows, k), dtype=torch.float32, device=device)
+        g_ids = torch.empty((tp * rows, k), dtype=torch.int64, device=device)
+        g_log_z = torch.empty((tp * rows,), dtype=torch.float32, device=device)
+        tp_group.all_gather_into_tensor(g_logp, logp.contiguous())
+        tp_group.all_gather_into_tensor(g_ids, top_ids.contiguous())
+        tp_group.all_gather_into_tensor(g_log_z, log_z.contiguous())
+        logp_out[start:end], ids_out[start:end] = merge_tp_topk(
+            g_logp.view(tp, rows, k), g_ids.view(tp, rows, k), g_log_z.view(tp, rows), k
+        )
+    return logp_out, ids_out
+
+
+def sample_target_tokens(
+    next_token_logits: torch.Tensor,
+    width: int,
+    *,
+    temperatures: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor | None,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One target draw per verify node [bs * W] from the target's own filtered distribution:
+    per-request `temperatures`, then `top_ks`, then `top_ps` (None: no top-p), as SGLang's
+    sampled verify builds it. Walking the tree with these draws (`walk_tree`) is lossless: each
+    emitted token is a target sample given its prefix. `uniforms` [bs * W] (default: torch.rand)
+    drive the kernels' inverse-CDF draw."""
+    rows, vocab = next_token_logits.shape
+    device = next_token_logits.device
+    scaled = next_token_logits.float() / torch.repeat_interleave(
+        temperatures.view(-1), width
+    ).unsqueeze(1)
+    ks = torch.repeat_interleave(top_ks.view(-1), width).to(torch.int64).clamp(min=1, max=vocab)
+    k_max = int(ks.max().item())  # one host sync, as SGLang's sparse top-k path has
+    values, index = torch.topk(scaled, k=k_max, dim=-1)  # sorted, best first
+    ranks = torch.arange(k_max, device=device).unsqueeze(0)
+    values = values.masked_fill(ranks >= ks.unsqueeze(1), float("-inf"))
+    if top_ps is not None:
+        ps = torch.repeat_interleave(top_ps.view(-1), width)
+        probs = torch.softmax(values, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        values = values.masked_fill(mass_before > ps.unsqueeze(1), float("-inf"))
+    if uniforms is None:
+        uniforms = torch.rand((rows,), dtype=torch.float32, device=device)
+    ones = torch.ones((rows,), dtype=torch.float32, device=device)
+    pick = ops.sample_tokens(values, ones, uniforms)
+    return index.gather(1, pick.unsqueeze(1)).squeeze(1)
+
+
+def walk_tree(
+    tokens: torch.Tensor, parents: torch.Tensor, target_tokens: torch.Tensor, path_len: int
+) -> Walk:
+    """The kernels' walk [bs, path_len] over the target's token at every node (`target_tokens`
+    [bs, W]: its argmax, or `sample_target_tokens`), for a hook that picks those tokens itself;
+    `accept_tree` is the same walk over the argmax in DFLASH's accept outputs."""
+    return ops.verify_walk(tokens, parents, target_tokens.to(torch.int64), path_len - 1)
+
+
+def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
+    """A permutation [bs * W] of the verify rows: each request's accepted path (`accept_index`
+    [bs, A], local, root first, -1 padded) first, then its other nodes in node order. Indexing a
+    window's slots, tokens or hidden rows with it lays the path out as DFLASH's committed
+    prefix, and keeps every other row (each is freed or dropped once, as DFLASH's would be)."""
+    bs, path_width = accept_index.shape
+    device = accept_index.device
+    key = torch.arange(width, 2 * width + 1, device=device).repeat(bs, 1)
+    on_path = accept_index >= 0
+    key.scatter_(
+        1,
+        torch.where(on_path, accept_index, width),  # padding lands in the spare column
+        torch.arange(path_width, device=device).repeat(bs, 1),
+    )
+    order = torch.argsort(key[:, :width], dim=1)
+    return (order + torch.arange(bs, device=device).unsqueeze(1) * width).reshape(-1)
+
+
+def chain_accept_index(accepted_drafts: torch.Tensor, width: int) -> torch.Tensor:
+    """The accepted nodes [bs, W] of a chain (shadow_linear) that DFLASH's own accept judged:
+    nodes 0 to `accepted_drafts` (the root and the accepted drafts), -1 after."""
+    node = torch.arange(width, device=accepted_drafts.device).unsqueeze(0)
+    return torch.where(node <= accepted_drafts.unsqueeze(1), node, -1)

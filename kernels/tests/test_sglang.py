@@ -457,3 +457,146 @@ def test_recurrent_state_steps_follow_the_tree() -> None:
     assert tracked.tolist() == [3, -1]
     chain_last, _ = S.mamba_steps(torch.arange(6).expand(2, 6), commit, None)
     assert _same(chain_last, commit.long() - 1)
+
+
+# ------------------------------------------------------------------ added to API 1 (worker v1)
+
+
+def _vocab_parallel_head(weight: torch.Tensor, num_org: int, rank: int, tp: int) -> SimpleNamespace:
+    """TEST DOUBLE for one rank's ParallelLMHead: the base vocabulary `weight[:num_org]` and the
+    added one `weight[num_org:]`, each split evenly over `tp` ranks (a shard padded to the same
+    size, padding rows 100.0 so they would win if read), base rows first, then added ones."""
+    num_added_all = weight.shape[0] - num_org
+    org_per, added_per = -(-num_org // tp), -(-num_added_all // tp)
+    org_start, added_start = min(rank * org_per, num_org), min(rank * added_per, num_added_all)
+    org = weight[org_start : min(org_start + org_per, num_org)]
+    added = weight[num_org + added_start : num_org + min(added_start + added_per, num_added_all)]
+    shard = torch.full((org_per + added_per, weight.shape[1]), 100.0, dtype=weight.dtype)
+    shard[: org.shape[0]] = org
+    shard[org_per : org_per + added.shape[0]] = added
+    return SimpleNamespace(
+        weight=shard,
+        shard_indices=SimpleNamespace(
+            num_org_elements=org.shape[0],
+            num_org_elements_padded=org_per,
+            num_added_elements=added.shape[0],
+            org_vocab_start_index=org_start,
+            added_vocab_start_index=num_org + added_start,
+        ),
+    )
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("num_added", [0, 9])
+def test_vocab_parallel_topk_with_added_vocabulary_equals_plain_torch(
+    tp: int, num_added: int
+) -> None:
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(11, 16, generator=g)
+    hidden[4] = 0  # an all-tie row: the smallest ids, base before added
+    num_org, k = 61, 5
+    weight = torch.randn(num_org + num_added, 16, generator=g)
+    group = ThreadGroup(tp)
+
+    def rank(r: int) -> object:
+        head = _vocab_parallel_head(weight, num_org, r, tp)
+        return S.vocab_parallel_topk_logprobs(hidden, head, k, group, chunk_size=4)
+
+    results = group.run(rank)
+    want_logp, want_ids = _plain_topk(hidden, weight, k)
+    for logp, ids in results:  # type: ignore[misc]
+        assert _same(ids, want_ids)
+        assert float((logp - want_logp).abs().max()) < 1e-5
+    assert results[0][1][4].tolist() == [0, 1, 2, 3, 4]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_vocab_parallel_topk_without_added_vocabulary_is_lm_head_topk(tp: int) -> None:
+    """Bit for bit the head top-k the worker-v2 sets use, where both serve the head."""
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(13, 16, generator=g)
+    weight = torch.randn(80, 16, generator=g)
+    group = ThreadGroup(tp)
+
+    def rank(r: int) -> object:
+        head = _vocab_parallel_head(weight, 80, r, tp)
+        new = S.vocab_parallel_topk_logprobs(hidden, head, 6, group)
+        head.weight = head.weight[: head.shard_indices.num_org_elements]
+        return new, S.lm_head_topk_logprobs(hidden, head, 6, group)
+
+    for new, old in group.run(rank):  # type: ignore[misc]
+        assert _same(new[0], old[0])
+        assert _same(new[1], old[1])
+
+
+def test_vocab_parallel_topk_pads_a_shard_smaller_than_k() -> None:
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(7, 8, generator=g)
+    weight = torch.randn(10, 8, generator=g)  # 3 base ids per rank, the last rank holds 1
+    group = ThreadGroup(4)
+    results = group.run(
+        lambda r: S.vocab_parallel_topk_logprobs(
+            hidden, _vocab_parallel_head(weight, 10, r, 4), 5, group
+        )
+    )
+    want_logp, want_ids = _plain_topk(hidden, weight, 5)
+    assert _same(results[0][1], want_ids)  # type: ignore[index]
+    assert float((results[0][0] - want_logp).abs().max()) < 1e-5  # type: ignore[index]
+    with pytest.raises(ValueError, match="exceeds the vocabulary"):
+        S.vocab_parallel_topk_logprobs(
+            hidden, _vocab_parallel_head(weight, 10, 0, 1), 11, ThreadGroup(1)
+        )
+
+
+def test_sample_target_tokens_is_the_filtered_inverse_cdf() -> None:
+    """Per node: temperature, then top-k, then top-p, then the inverse CDF of the uniform draw,
+    written out row by row; top-k 1 is the argmax."""
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(6, 30, generator=g)
+    temperatures = torch.tensor([[0.7], [1.3]])
+    top_ks, top_ps = torch.tensor([1, 5]), torch.tensor([1.0, 0.6])
+    uniforms = torch.rand(6, generator=g)
+    got = S.sample_target_tokens(
+        logits, 3, temperatures=temperatures, top_ks=top_ks, top_ps=top_ps, uniforms=uniforms
+    )
+    want = []
+    for r in range(6):
+        b = r // 3
+        x = logits[r] / temperatures[b, 0]
+        order = torch.argsort(x, descending=True)[: int(top_ks[b])]
+        p = torch.softmax(x[order], dim=0)
+        p = torch.where((torch.cumsum(p, 0) - p) <= top_ps[b], p, 0.0)
+        p = p / p.sum()
+        pick = torch.searchsorted(torch.cumsum(p, 0), uniforms[r] * p.sum(), right=True)
+        want.append(int(order[int(pick.clamp(max=len(p) - 1))]))
+    assert got.tolist() == want
+    assert got[:3].tolist() == torch.argmax(logits[:3], dim=-1).tolist()
+    no_top_p = S.sample_target_tokens(
+        logits, 3, temperatures=temperatures, top_ks=top_ks, top_ps=None, uniforms=uniforms
+    )
+    assert no_top_p[:3].tolist() == want[:3]
+
+
+def test_walk_tree_is_the_kernels_walk_over_given_target_tokens() -> None:
+    tokens, parents, target = _branching_case()
+    walk = S.walk_tree(tokens, parents, target.int(), 6)
+    want = reference.verify_walk(tokens, parents, target, 5)
+    assert all(_same(a, b) for a, b in zip(walk, want, strict=True))
+    assert walk.accept_index.tolist() == [[0, 2, 3, 5, -1, -1]]
+    assert walk.bonus.tolist() == [77]
+    short = S.walk_tree(tokens, parents, target, 3)  # a path of at most 3 nodes
+    assert short.accept_index.tolist() == [[0, 2, 3]]
+    assert short.bonus.tolist() == [31]
+
+
+def test_path_rows_put_each_path_first_then_the_other_nodes() -> None:
+    accept_index = torch.tensor([[0, 3, 5, -1, -1, -1], [0, -1, -1, -1, -1, -1]])
+    rows = S.path_rows(accept_index, 6)
+    assert rows.tolist() == [0, 3, 5, 1, 2, 4, 6, 7, 8, 9, 10, 11]
+    tokens = torch.arange(12) * 10
+    assert tokens[rows].view(2, 6)[0, :3].tolist() == [0, 30, 50]
+
+
+def test_chain_accept_index_is_the_root_and_the_accepted_drafts() -> None:
+    got = S.chain_accept_index(torch.tensor([2, 0, 4], dtype=torch.int32), 5)
+    assert got.tolist() == [[0, 1, 2, -1, -1], [0, -1, -1, -1, -1], [0, 1, 2, 3, 4]]
