@@ -521,7 +521,6 @@ def mamba_steps(
 # them); these follow the same rule from here on.
 
 __all__ += [
-    "chain_accept_index",
     "path_rows",
     "sample_target_tokens",
     "vocab_parallel_topk_logprobs",
@@ -659,10 +658,3 @@ def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
     )
     order = torch.argsort(key[:, :width], dim=1)
     return (order + torch.arange(bs, device=device).unsqueeze(1) * width).reshape(-1)
-
-
-def chain_accept_index(accepted_drafts: torch.Tensor, width: int) -> torch.Tensor:
-    """The accepted nodes [bs, W] of a chain (shadow_linear) that DFLASH's own accept judged:
-    nodes 0 to `accepted_drafts` (the root and the accepted drafts), -1 after."""
-    node = torch.arange(width, device=accepted_drafts.device).unsqueeze(0)
-    return torch.where(node <= accepted_drafts.unsqueeze(1), node, -1)

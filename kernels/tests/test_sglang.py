@@ -595,8 +595,3 @@ def test_path_rows_put_each_path_first_then_the_other_nodes() -> None:
     assert rows.tolist() == [0, 3, 5, 1, 2, 4, 6, 7, 8, 9, 10, 11]
     tokens = torch.arange(12) * 10
     assert tokens[rows].view(2, 6)[0, :3].tolist() == [0, 30, 50]
-
-
-def test_chain_accept_index_is_the_root_and_the_accepted_drafts() -> None:
-    got = S.chain_accept_index(torch.tensor([2, 0, 4], dtype=torch.int32), 5)
-    assert got.tolist() == [[0, 1, 2, -1, -1], [0, -1, -1, -1, -1], [0, 1, 2, 3, 4]]

@@ -819,7 +819,7 @@ def ddtree_api_refusal():
     return out
 
 
-if RELEASE == "0.5.14":  # the thin set (test_thin_0514.py)
+if RELEASE == "0.5.14":  # the thin set (test_thin_sets.py)
     check(ddtree_api_refusal)
 if RELEASE != "0.5.14":  # what 0.5.15's to 0.5.17's workers have (test_verify_path_0515.py)
     check(draft_runner_server_args)
