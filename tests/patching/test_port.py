@@ -7,7 +7,7 @@ the shipped source set alone, so they keep exercising a real port.
 
 The whole 0.5.11 set does not port to 0.5.12: 0.5.12 dropped the server-args `choices=[...]`
 list and the `speculative_dflash_draft_window_size` field, and rewrote the DFlash acceptance in
-dflash_info.py / dflash_utils.py (GNU `patch --fuzz=2` fails the same five hunks). Patches 0001,
+dflash_info.py / dflash_utils.py (GNU `patch --fuzz=2` fails the same four hunks). Patches 0001,
 0003, 0005 and 0007 alone do port (with offsets and fuzz), so a set made of just those, copied
 from the shipped one, is the success case.
 """
@@ -222,9 +222,10 @@ def test_port_whole_set_fails_naming_hunks_and_lines(whole_port: PortReport) -> 
         ("0002", "server_args.py", 1),
         ("0002", "server_args.py", 5),
         ("0004", "dflash_info.py", 1),
-        ("0004", "dflash_info.py", 2),
         ("0004", "dflash_utils.py", 1),
-    }
+    }  # since 0.5.11 is thin (THIN-SETS.md): its verify hook is a small hunk that lands on
+    # 0.5.12 (the fat set moved DFlash's whole accept into a method, a hunk 0.5.12's rewrite
+    # failed); the import of the accept helpers and the end of dflash_utils.py still fail
     assert failed[("0002", "server_args.py", 1)] == (
         "context line 'speculative_dflash_draft_window_size: Optional[int] = None' is not in "
         "the file"
@@ -248,13 +249,13 @@ def test_port_cli_failure_writes_reports_and_no_candidate(
     )
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     assert code == 5
-    assert "5 of 30 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
+    assert "4 of 30 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
     assert "newest reviewed set whose release is not newer than 0.5.12" in out
     (run_dir,) = runs.iterdir()
     names = sorted(p.name for p in run_dir.iterdir())
     assert names == ["debug.log", "events.jsonl", "port-report.json", "port-report.md"]
     report = json.loads((run_dir / "port-report.json").read_text())
-    assert report["summary"]["hunks_failed"] == 5 and report["candidate"] is None
+    assert report["summary"]["hunks_failed"] == 4 and report["candidate"] is None
     assert (
         "| 0002-server-args-ddtree.patch | sglang/srt/server_args.py | #5 |"
         in (run_dir / "port-report.md").read_text()
