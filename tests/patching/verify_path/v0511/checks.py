@@ -468,7 +468,8 @@ def mamba_commit_hunk() -> dict:
             worker, batch=batch, seq_lens_pre_verify=torch.tensor([5, 9]),
             commit_lens=torch.tensor([3, 1], dtype=torch.int32), verify_input=vi,
         )  # fmt: skip
-        out[name] = [seen["accepted_steps"].tolist(), seen["mamba_steps_to_track"].tolist()]
+        steps = seen.get("accepted_steps", seen.get("last_correct_step_indices"))  # 0.5.12's name
+        out[name] = [steps.tolist(), seen["mamba_steps_to_track"].tolist()]
     return out
 
 
