@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-THIN = ("0.5.11", "0.5.14")  # worker v1, worker v2
+THIN = ("0.5.11", "0.5.12", "0.5.13", "0.5.14")  # worker v1 (three), worker v2
 WORKER_V1 = ("0.5.11", "0.5.12", "0.5.13")  # they share v0511/checks.py
 HERE = Path(__file__).parent
 
