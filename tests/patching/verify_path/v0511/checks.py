@@ -5,6 +5,11 @@ Run as `python checks.py NAME... | all` with the patched `sglang/` first on PYTH
 req_to_token kernel then runs on CPU tensors), and this folder's parent (checklib.py: each check
 runs in its own fork, the imports paid once, and prints one JSON line the pytest side asserts on).
 
+The sets are thin (THIN-SETS.md): their DDTREE logic is ddtree_kernels.sglang's, which these
+checks reach through the patched dflash_utils (`utils.ddtree_X` is the module's `X`, loaded and
+version-checked by the set's own `load_ddtree_kernels`); the worker's hunks are compiled from the
+patched worker and run with test doubles.
+
 What is real: every DDTREE function the patches add, DFlashVerifyInput (prepare_for_verify,
 verify), SGLang's ForwardMode, vocab shard indices, Triton req_to_token writer and native KV
 move, the hybrid backend's verify metadata and its Triton conv kernel (interpreted). TEST
