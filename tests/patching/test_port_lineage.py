@@ -33,6 +33,7 @@ WORKER = "0003-ddtree-worker.patch"
 HELPERS = "0004-ddtree-verify-input.patch"  # dflash_utils: the worker's helpers live here
 MAMBA_POOL = "0006-hybrid-mamba-pool-ddtree-tree.patch"  # 0.5.19 on
 HYBRID_LINEAR = "0007-hybrid-linear-attn-ddtree-tree.patch"  # 0.5.14 to 0.5.18
+BACKEND = "0006-server-args-ddtree-attention-backend.patch"  # 0.5.14 to 0.5.18
 
 HunkKey = tuple[str, str, int]  # (patch, file name, hunk index)
 GateKey = tuple[str, str, str]  # (file, function, line)
@@ -68,10 +69,12 @@ LINEAGES = (
     # 0.5.15's worker: the draft runner shares the target's server args, an in-graph draft sampler
     # replaced the eager greedy head, and the batch argument is `batch` (0.5.14:
     # model_worker_batch, which the log-prob guard's hunk names too). 0004 holds the worker's new
-    # helper. New sites: four widened gates. 0.5.14's set is thin (THIN-SETS.md: its 0003 and
-    # 0004 call ddtree_kernels.sglang) and 0.5.15's is not yet, so 0004 differs throughout and
-    # 0003's verify-input hunk (11) is split from the one that still lands (12); the rewritten
-    # hunks are the same ones.
+    # helper. New sites: four widened gates. 0.5.14's set is thin (THIN-SETS.md: its worker runs
+    # ddtree_kernels.sglang's Verifier, its server arguments are resolved there, its 0001 holds
+    # the module's loader) and 0.5.15's is not yet, so 0001, 0002, 0004 and 0006 differ
+    # throughout, 0007 follows 0001's spec_info.py, and 0003's verify-input hunk (11), split from
+    # the one that still lands (12), now keeps DFLASH's out_cache_loc line as context (the
+    # tree's slots are set after it); the failed hunks are the same ones.
     Lineage(
         "0.5.14",
         "0.5.15",
@@ -83,12 +86,12 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 9): _absent("model_worker_batch: ScheduleBatch,"),
             (WORKER, "dflash_worker_v2.py", 10): _absent("if draft_hidden is None:"),
             (WORKER, "dflash_worker_v2.py", 11): _absent(
-                "model_worker_batch.out_cache_loc = verify_out_cache_loc", "removed"
+                "model_worker_batch.out_cache_loc = verify_out_cache_loc"
             ),
             (WORKER, "dflash_worker_v2.py", 13): _absent("batch=model_worker_batch,"),
         },
         unreviewed={"widened": 4},
-        also_rewritten=(HELPERS,),
+        also_rewritten=(ENUM, SERVER_ARGS, HELPERS, BACKEND, HYBRID_LINEAR),
     ),
     # 0.5.16: the enum, the hidden-state relay and the algorithm help gained DSPARK, whose fields
     # follow the DFLASH block size; the worker builds its draft runner through
