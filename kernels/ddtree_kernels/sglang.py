@@ -25,8 +25,10 @@ an accepted path holds at most B nodes (the drafter's B - 1 positions plus the r
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
@@ -65,6 +67,7 @@ __all__ = [
     "merge_tp_topk",
     "pad_tree",
     "propose_tree",
+    "require",
     "resolve_server_args",
     "resolve_settings",
     "resolve_tree_args",
@@ -74,6 +77,21 @@ __all__ = [
     "walk_from_sampling",
     "window_cache_loc",
 ]
+
+
+def require(api: int) -> ModuleType:
+    """This module, if `api` (the API a release's set was written for) is `API_VERSION`; else a
+    one-sentence startup refusal. A set's loader calls it first, so its name, signature and
+    meaning never change, whatever API_VERSION becomes."""
+    if api != API_VERSION:
+        raise RuntimeError(
+            "--speculative-algorithm DDTREE in this SGLang was written for "
+            f"ddtree_kernels.sglang API {api}, but the installed ddtree_kernels provides "
+            f"API {API_VERSION}; install the matching kernels (ddtree-deploy "
+            "action=build-kernels), or use --speculative-algorithm DFLASH."
+        )
+    return sys.modules[__name__]
+
 
 HYBRID_REFUSAL = (
     "DDTREE tree mode on a hybrid target (Mamba/GDN layers) can leak recurrent state between "
@@ -744,6 +762,15 @@ class Step:
         )
         return tuple(outputs)
 
+    def sampler(
+        self,
+        release_sampler: Callable[..., tuple[torch.Tensor, ...]],
+        **kwargs: Any,  # noqa: ANN401 (the release's own sampler arguments)
+    ) -> Callable[[], SampledWalk]:
+        """`tree_sampler` of this step's tree: `accept`'s `sample` through the release's
+        sampled-verify function as the sets extend it."""
+        return tree_sampler(release_sampler, self.tree, **kwargs)
+
     def commit(
         self,
         move_kv_cache: Callable[[torch.Tensor, torch.Tensor], None],
@@ -771,6 +798,10 @@ class Step:
 class Verifier:
     """One worker's DDTREE: its settings (checked at start) and block size B, and the pieces of
     its verify step, so a release's worker keeps only the calls at its own hook points."""
+
+    # The module's per-step helpers a worker reaches through its Verifier (it holds no module).
+    host_prefix_sum = staticmethod(host_prefix_sum)
+    mamba_steps = staticmethod(mamba_steps)
 
     def __init__(self, settings: Settings, block_size: int) -> None:
         self.settings = settings

@@ -626,3 +626,65 @@ def test_step_of_a_wide_tree_verifies_in_the_window_and_commits_the_path() -> No
     assert pool[103:107].tolist() == [103.0, 105.0, 106.0, 108.0]
     assert rows is not None
     assert rows[:, 0].tolist() == [0.0, 20.0, 30.0, 50.0]
+
+
+def test_resolve_server_args_writes_back_the_release_way_and_checks_the_backend() -> None:
+    """The set's `_handle_ddtree_args`: tree mode moves the block to
+    speculative_dflash_block_size and widens the verify; writes go through the release's
+    `write`; shadow_linear warns and keeps the block; a tree on CUDA asks the backend getter."""
+    wide = SimpleNamespace(
+        speculative_num_draft_tokens=16, speculative_ddtree_mode="tree",
+        speculative_ddtree_budget=31, speculative_ddtree_topk=None, device="cuda",
+    )  # fmt: skip
+    writes: list[tuple[str, object]] = []
+
+    def write(obj: object, name: str, value: object) -> None:
+        writes.append((name, value))
+        setattr(obj, name, value)
+
+    S.resolve_server_args(
+        wide, warn=pytest.fail, write=write, attention_backends=lambda: ("flashinfer",)
+    )
+    assert writes == [
+        ("speculative_ddtree_budget", 31), ("speculative_ddtree_topk", 8),
+        ("speculative_dflash_block_size", 16), ("speculative_num_draft_tokens", 32),
+    ]  # fmt: skip
+    warned: list[str] = []
+    shadow = SimpleNamespace(
+        speculative_num_draft_tokens=16, speculative_ddtree_mode="shadow_linear",
+        speculative_ddtree_budget=4, speculative_ddtree_topk=None, device="cuda",
+    )  # fmt: skip
+    S.resolve_server_args(shadow, warn=warned.append, attention_backends=lambda: ("fa3",))
+    assert (shadow.speculative_ddtree_budget, shadow.speculative_ddtree_topk) == (15, 1)
+    assert shadow.speculative_num_draft_tokens == 16
+    assert not hasattr(shadow, "speculative_dflash_block_size")
+    assert len(warned) == 1
+    tree = SimpleNamespace(**{**vars(wide), "speculative_num_draft_tokens": 16})
+    with pytest.raises(ValueError, match="cannot verify with attention backend fa3"):
+        S.resolve_server_args(tree, warn=pytest.fail, attention_backends=lambda: ("fa3",))
+
+
+def test_require_gives_the_module_at_its_api_and_refuses_another_in_one_sentence() -> None:
+    """`require` is the one name a set's loader calls before it trusts the rest: frozen."""
+    assert S.require(S.API_VERSION) is S
+    with pytest.raises(RuntimeError, match="action=build-kernels") as err:
+        S.require(S.API_VERSION + 1)
+    text = str(err.value)
+    assert f"written for ddtree_kernels.sglang API {S.API_VERSION + 1}" in text
+    assert f"provides API {S.API_VERSION};" in text
+    assert text.endswith(".")
+    assert ". " not in text[:-1]
+
+
+def test_verifier_and_step_reach_the_per_step_helpers() -> None:
+    """A worker holds a Verifier, not the module: the per-step helpers hang off it."""
+    assert S.Verifier.host_prefix_sum is S.host_prefix_sum
+    assert S.Verifier.mamba_steps is S.mamba_steps
+    tree = S.chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
+    step = S.Step(tree=tree, mode="shadow_linear", cache_loc=torch.zeros(1, 4),
+                  prefix_lens=torch.tensor([5]), block_size=4)  # fmt: skip
+
+    def sampler(**kw: object) -> tuple[object, ...]:  # TEST DOUBLE: a set's extended sampler
+        return kw["candidates"], "bonus", kw["tree_retrieve"], kw["top"]
+
+    assert step.sampler(sampler, top=2)() == (tree.tokens, S.tree_retrieve(tree), 2)  # type: ignore[arg-type]

@@ -350,12 +350,15 @@ def init_results(W, init) -> dict:
         saved = sys.modules.get("ddtree_kernels")
         sys.modules["ddtree_kernels"] = None  # import now raises ImportError
         try:
-            # The loader: dflash_utils' in the fat sets, spec_info's in a set on the module.
-            return getattr(U, "load_ddtree_kernels", SI.load_ddtree_kernels)()
+            return getattr(U_LOADER, LOADER)()
         finally:
             sys.modules["ddtree_kernels"] = saved
 
-    with patched(W, load_ddtree_kernels=missing_kernels):
+    # The loader the worker calls first: dflash_utils' `load_ddtree_kernels` in the fat sets,
+    # spec_info's `load_ddtree` (ddtree_kernels.sglang at the set's API) in a set on the module.
+    LOADER = "load_ddtree_kernels" if hasattr(W, "load_ddtree_kernels") else "load_ddtree"
+    U_LOADER = U if hasattr(U, LOADER) else SI
+    with patched(W, **{LOADER: missing_kernels}):
         blocked = init(ddtree_spec())
     return {
         "tree": init(ddtree_spec()),

@@ -191,7 +191,10 @@ def _init(server_args, *, hybrid=False, block=8, lm_head=None):
         "mode": worker._ddtree_mode,
         "budget": settings.budget,
         "topk": settings.topk,
-        "ops_loaded": worker._ddtree_ops is ops,
+        # The ops at hand: the fat sets keep them, a set on the module keeps its Verifier
+        # (ddtree_kernels.sglang, which imports them).
+        "ops_loaded": getattr(worker, "_ddtree_ops", None) is ops
+        or isinstance(getattr(worker, "_ddtree", None), ddtree_module.Verifier),
     }
 
 
@@ -233,6 +236,7 @@ def worker_mamba_commit():
         target_worker=SimpleNamespace(
             model_runner=SimpleNamespace(attn_backend=backend, model=None)
         ),
+        _ddtree=ddtree_module.Verifier(None, 6),  # a set on the module: its per-step helpers
         _need_mamba_verify_commit=True,  # 0.5.16: set in init_attention_backends
     )
     batch = SimpleNamespace(  # 0.5.17 also hands the backend the request pool indices
@@ -793,11 +797,11 @@ def decode_after_scoring_request():
 
 def ddtree_api_refusal():
     """The thin 0.5.14 set (THIN-SETS.md): its DDTREE logic is ddtree_kernels.sglang's, at the
-    API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree_kernels` (real, in spec_info.py,
-    which server-argument handling imports), which the worker's `_init_ddtree` (real) calls
-    first, refuses at start, in one sentence, a module of another API version or none; DFLASH's
-    modules import, and its predicates answer, with no ddtree_kernels at all. TEST DOUBLES: the
-    worker (as for worker_init) and the installed module's version (patched)."""
+    API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py, which
+    server-argument handling and the worker's `_init_ddtree` (real) call first) refuses at start,
+    in one sentence, a module of another API version (the module's frozen `require`) or none;
+    DFLASH's modules import, and its predicates answer, with no ddtree_kernels at all. TEST
+    DOUBLES: the worker (as for worker_init) and the installed module's version (patched)."""
     import importlib
 
     import ddtree_kernels.sglang as module
@@ -810,9 +814,9 @@ def ddtree_api_refusal():
         return ""
 
     wanted = SI.DDTREE_SGLANG_API
-    out = {"wanted": wanted, "module": module.API_VERSION, "loads": SI.load_ddtree_kernels() is ops}
+    out = {"wanted": wanted, "module": module.API_VERSION, "loads": SI.load_ddtree() is module}
     with patched(module, API_VERSION=wanted + 1):
-        out["newer"] = refusal(SI.load_ddtree_kernels)
+        out["newer"] = refusal(SI.load_ddtree)
         out["worker_newer"] = _init(ddtree_spec())
     import ddtree_kernels
 
@@ -820,13 +824,12 @@ def ddtree_api_refusal():
     sys.modules["ddtree_kernels.sglang"] = None
     del ddtree_kernels.sglang
     try:
-        out["missing"] = refusal(SI.load_ddtree_kernels)
+        out["missing"] = refusal(SI.load_ddtree)
     finally:
         sys.modules["ddtree_kernels.sglang"] = ddtree_kernels.sglang = module
     # DFLASH without any ddtree_kernels: fresh imports of the patched modules.
     for name in [n for n in sys.modules if n.startswith("ddtree_kernels")]:
         sys.modules[name] = None
-    # spec_info.py too: the loader and its cached module live there (THIN-SETS.md).
     for name in (
         "sglang.srt.speculative.spec_info",
         "sglang.srt.speculative.dflash_utils",
@@ -835,13 +838,14 @@ def ddtree_api_refusal():
         del sys.modules[name]
     fresh = importlib.import_module("sglang.srt.speculative.dflash_utils")
     importlib.import_module("sglang.srt.speculative.dflash_worker_v2")
+    fresh_spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
     out["dflash_without_kernels"] = {
         "imports": True,
         "tree_mask": fresh.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DFLASH, ddtree_spec()),
         "block": fresh.ddtree_draft_block_size(
             SpeculativeAlgorithm.DFLASH, SimpleNamespace(speculative_num_draft_tokens=16)
         ),
-        "ddtree_helper": refusal(lambda: fresh.ddtree.chain_tree),
+        "ddtree_loader": refusal(fresh_spec_info.load_ddtree),
     }
     return out
 

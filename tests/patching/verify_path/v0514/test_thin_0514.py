@@ -30,11 +30,14 @@ def test_patched_sglang_refuses_another_api_version_at_start(check: Callable[[st
     assert f"API {got['wanted']}" in newer and f"provides API {got['wanted'] + 1}" in newer
     assert "action=build-kernels" in newer and _one_sentence(newer), newer
     assert got["worker_newer"] == {"error": f"RuntimeError: {newer}"}
+    # Kernels without the module (or none at all) fail the import in the set's own loader: one
+    # sentence naming the module and the way to install it.
     missing = got["missing"]
-    assert "provides no such module" in missing and _one_sentence(missing), missing
+    assert "needs the ddtree_kernels package with ddtree_kernels.sglang" in missing
+    assert "action=build-kernels" in missing and _one_sentence(missing), missing
 
 
 def test_dflash_runs_without_ddtree_kernels(check: Callable[[str], dict]) -> None:
     got = check("ddtree_api_refusal")["dflash_without_kernels"]
     assert got["imports"] and got["tree_mask"] is False and got["block"] == 16
-    assert "needs the ddtree_kernels package" in got["ddtree_helper"]
+    assert "needs the ddtree_kernels package" in got["ddtree_loader"]
