@@ -55,10 +55,10 @@ from worker_v2_checks import (
     wide_propose_results,
 )
 
-# A set on ddtree_kernels.sglang's Verifier (0.5.14, THIN-SETS.md): its worker accepts a verify
-# step's tree in `_ddtree_accept` (the release's sampler, then `Step.accept`), and its tree-mode
-# commit hands the draft KV the path's rows in block layout (`block_rows`). The fat sets (0.5.15
-# on) keep `_ddtree_accept_block` and their own row slicing.
+# A set on ddtree_kernels.sglang's Verifier (0.5.14, 0.5.15; THIN-SETS.md): its worker accepts a
+# verify step's tree in `_ddtree_accept` (the release's sampler, then `Step.accept`), and its
+# tree-mode commit hands the draft KV the path's rows in block layout (`block_rows`). The fat
+# sets (0.5.16 on) keep `_ddtree_accept_block` and their own row slicing.
 VERIFIER = hasattr(W.DFlashWorkerV2, "_ddtree_accept")
 
 
@@ -81,7 +81,7 @@ def _exact_host_kwargs(batch) -> dict:
         }  # fmt: skip
     return {
         "batch": SimpleNamespace(seq_lens_cpu=None),
-        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None),
+        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None, reserved_seq_lens_sum=None),
     }
 
 
@@ -101,7 +101,7 @@ def _overlap_host_kwargs(prefix: torch.Tensor, block: int) -> dict:
         }
     return {
         "batch": SimpleNamespace(seq_lens_cpu=prefix.clone()),
-        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None),
+        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None, reserved_seq_lens_sum=None),
     }
 
 
@@ -850,7 +850,7 @@ def ddtree_api_refusal():
     return out
 
 
-if RELEASE == "0.5.14":  # the thin set (test_thin_0514.py)
+if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (test_thin_0514.py)
     check(ddtree_api_refusal)
 if RELEASE != "0.5.14":  # what 0.5.15's to 0.5.17's workers have (test_verify_path_0515.py)
     check(draft_runner_server_args)

@@ -1,6 +1,7 @@
-"""The thin 0.5.14 set: its DDTREE logic comes from ddtree_kernels.sglang (THIN-SETS.md).
+"""The thin sets (0.5.14, 0.5.15): their DDTREE logic comes from ddtree_kernels.sglang
+(THIN-SETS.md).
 
-On CPU against the real patched 0.5.14 (the check `ddtree_api_refusal` of checks_0514.py): the
+On CPU against each real patched release (the check `ddtree_api_refusal` of checks_0514.py): the
 patched SGLang refuses at start, in one sentence, a ddtree_kernels.sglang whose API version it
 was not written for (or none), and DFLASH needs no ddtree_kernels at all. The shared logic
 itself is tested once, in kernels/tests/test_sglang.py; the shared verify-path tests hold the
@@ -14,9 +15,9 @@ from collections.abc import Callable
 import pytest
 
 
-@pytest.fixture(scope="module")
-def release() -> str:
-    return "0.5.14"
+@pytest.fixture(scope="module", params=("0.5.14", "0.5.15"))
+def release(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def _one_sentence(text: str) -> bool:
