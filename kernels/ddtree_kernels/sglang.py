@@ -25,8 +25,10 @@ an accepted path holds at most B nodes (the drafter's B - 1 positions plus the r
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
@@ -40,29 +42,56 @@ API_VERSION = 1
 __all__ = [
     "API_VERSION",
     "HYBRID_REFUSAL",
+    "MAX_TREE_BUDGET",
+    "TREE_MASK_BACKENDS",
     "Settings",
+    "Step",
     "TPGroup",
+    "TreeArgs",
+    "Verifier",
     "accept_outputs",
     "accept_tree",
     "block_rows",
     "build_verify_tree",
     "chain_tree",
+    "check_attention_backends",
     "check_hybrid_target",
     "commit_path",
     "draft_topk_logprobs",
     "flat_tree_mask",
     "gather_path_rows",
+    "host_prefix_sum",
     "kv_move_pairs",
     "lm_head_topk_logprobs",
     "mamba_steps",
     "merge_tp_topk",
     "pad_tree",
     "propose_tree",
+    "require",
+    "resolve_server_args",
     "resolve_settings",
+    "resolve_tree_args",
+    "tree_retrieve",
+    "tree_sampler",
     "verify_input_fields",
     "walk_from_sampling",
     "window_cache_loc",
 ]
+
+
+def require(api: int) -> ModuleType:
+    """This module, if `api` (the API a release's set was written for) is `API_VERSION`; else a
+    one-sentence startup refusal. A set's loader calls it first, so its name, signature and
+    meaning never change, whatever API_VERSION becomes."""
+    if api != API_VERSION:
+        raise RuntimeError(
+            "--speculative-algorithm DDTREE in this SGLang was written for "
+            f"ddtree_kernels.sglang API {api}, but the installed ddtree_kernels provides "
+            f"API {API_VERSION}; install the matching kernels (ddtree-deploy "
+            "action=build-kernels), or use --speculative-algorithm DFLASH."
+        )
+    return sys.modules[__name__]
+
 
 HYBRID_REFUSAL = (
     "DDTREE tree mode on a hybrid target (Mamba/GDN layers) can leak recurrent state between "
@@ -127,6 +156,142 @@ def resolve_settings(
     if mode == "tree" and on_cuda:
         ops.require_cuda()
     return Settings(mode=mode, budget=budget, topk=topk, width=width)
+
+
+# ------------------------------------------------------------------ server arguments
+
+# The widest tree the sets verify: budget 63, a verify width of 64 (what the sets were checked at).
+MAX_TREE_BUDGET = 63
+# The attention backends that honour a custom tree mask in TARGET_VERIFY, eagerly and in CUDA
+# graphs. FA3 reads one only when speculative_eagle_topk > 1 (DFLASH forces 1); TRT-LLM has none.
+TREE_MASK_BACKENDS = ("flashinfer", "triton")
+
+
+@dataclass(frozen=True)
+class TreeArgs:
+    """The resolved DDTREE server arguments a set writes back its release's way."""
+
+    budget: int
+    topk: int
+    width: int | None  # tree mode: the verify width max(B, budget + 1); None keeps B
+    warning: str | None  # shadow_linear's override of a budget/topk it was given
+
+
+def resolve_tree_args(
+    *, mode: str, budget: int | None, topk: int | None, block_size: int
+) -> TreeArgs:
+    """Validate and resolve the `--speculative-ddtree-*` knobs once the DFlash block size B is
+    known, so every release refuses the same values in the same sentences.
+
+    Tree mode verifies W = max(B, budget + 1) tokens per request, 1 <= budget <= 63 (B - 1 if
+    larger); W becomes the target's verify width while B stays the drafter's, and W never drops
+    below B, so the drafter's block always fits the request's KV reservation. shadow_linear
+    verifies DFLASH's chain: width B, topk 1, budget B - 1 (other values overridden with a
+    warning), so its tokens and acceptance equal DFLASH's. Defaults: budget B - 1, topk
+    min(8, budget). allow_hybrid_unsafe is the worker's to enforce: it sees the layers.
+    """
+    if block_size < 2:
+        raise ValueError(f"DDTREE needs a DFlash block size of at least 2, got {block_size}.")
+    if mode not in ("tree", "shadow_linear"):
+        raise ValueError(
+            f"--speculative-ddtree-mode must be 'tree' or 'shadow_linear', got {mode!r}."
+        )
+    shadow = mode == "shadow_linear"
+    if shadow:
+        max_budget = block_size - 1
+        limit = (
+            f"it must be between 1 and block_size - 1 = {max_budget} "
+            "(shadow_linear verifies the DFlash block of the draft model)"
+        )
+    else:
+        max_budget = max(block_size - 1, MAX_TREE_BUDGET)
+        limit = (
+            f"it must be between 1 and {max_budget} (tree mode verifies at most "
+            f"{max_budget + 1} tokens per request)"
+        )
+    if budget is not None:
+        budget = int(budget)
+        if budget > max_budget:
+            raise ValueError(
+                f"--speculative-ddtree-budget {budget} exceeds the verify width: {limit}."
+            )
+        if budget < 1:
+            raise ValueError(f"--speculative-ddtree-budget {budget} is below the minimum: {limit}.")
+    if topk is not None:
+        topk = int(topk)
+        topk_max = block_size - 1 if budget is None else budget
+        if not 1 <= topk <= topk_max:
+            raise ValueError(
+                f"--speculative-ddtree-topk {topk} is out of range: it must be "
+                f"between 1 and the tree budget {topk_max}."
+            )
+    warning = None
+    if shadow:
+        if budget not in (None, max_budget) or topk not in (None, 1):
+            warning = (
+                "DDTREE shadow_linear verifies the DFlash chain: overriding "
+                f"budget={budget}, topk={topk} to budget={max_budget}, topk=1."
+            )
+        budget, topk = max_budget, 1
+    if budget is None:
+        budget = block_size - 1
+    if topk is None:
+        topk = min(8, budget)
+    width = None if shadow else max(block_size, budget + 1)
+    return TreeArgs(budget=budget, topk=topk, width=width, warning=warning)
+
+
+def resolve_server_args(
+    server_args: Any,  # noqa: ANN401 (SGLang's ServerArgs, read and written by field name)
+    *,
+    warn: Callable[[str], None],
+    write: Callable[[Any, str, Any], None] = setattr,
+    attention_backends: Callable[[], Any] | None = None,
+) -> TreeArgs:
+    """A set's `_handle_ddtree_args` (the DFlash block size B is
+    `speculative_num_draft_tokens` there): `resolve_tree_args` on the `speculative_ddtree_*`
+    knobs, written back by the release's `write(server_args, name, value)`: budget and topk,
+    and in tree mode B to `speculative_dflash_block_size` (the drafter's) and the verify width to
+    `speculative_num_draft_tokens`; shadow_linear's override warning goes to `warn`. Given the
+    release's `attention_backends` getter, `check_attention_backends` follows."""
+    block_size = int(server_args.speculative_num_draft_tokens)
+    resolved = resolve_tree_args(
+        mode=server_args.speculative_ddtree_mode,
+        budget=server_args.speculative_ddtree_budget,
+        topk=server_args.speculative_ddtree_topk,
+        block_size=block_size,
+    )
+    if resolved.warning:
+        warn(resolved.warning)
+    write(server_args, "speculative_ddtree_budget", resolved.budget)
+    write(server_args, "speculative_ddtree_topk", resolved.topk)
+    if resolved.width is not None:
+        write(server_args, "speculative_dflash_block_size", block_size)
+        write(server_args, "speculative_num_draft_tokens", resolved.width)
+    if attention_backends is not None:
+        check_attention_backends(
+            attention_backends, mode=server_args.speculative_ddtree_mode, device=server_args.device
+        )
+    return resolved
+
+
+def check_attention_backends(
+    attention_backends: Callable[[], Any], *, mode: str, device: str
+) -> None:
+    """Refuse DDTREE tree mode on CUDA (where the DDTree kernels run) with an attention backend
+    that would ignore the tree mask: it would verify the tree as a chain and emit wrong tokens.
+    `attention_backends()` (the release's getter) is asked only then."""
+    if mode != "tree" or device != "cuda":
+        return
+    unsupported = sorted({b for b in attention_backends() if b not in TREE_MASK_BACKENDS})
+    if unsupported:
+        raise ValueError(
+            "DDTREE tree mode cannot verify with attention backend "
+            f"{', '.join(map(str, unsupported))}: a tree needs a backend that "
+            "honours a custom tree mask, which only flashinfer and triton do "
+            "(--attention-backend flashinfer or triton); or use "
+            "--speculative-ddtree-mode shadow_linear."
+        )
 
 
 # ------------------------------------------------------------------ draft log-probs
@@ -658,3 +823,210 @@ def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
     )
     order = torch.argsort(key[:, :width], dim=1)
     return (order + torch.arange(bs, device=device).unsqueeze(1) * width).reshape(-1)
+
+
+# ------------------------------------------------------------------ the worker's verify step
+
+
+def tree_retrieve(tree: Tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree's (retrieve_index, retrieve_next_token, retrieve_next_sibling) [bs, W]: what the
+    sets' `tree_retrieve` argument of their release's sampled-verify function takes."""
+    return tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling
+
+
+def tree_sampler(
+    sampler: Callable[..., tuple[torch.Tensor, ...]],
+    tree: Tree,
+    **kwargs: Any,  # noqa: ANN401 (the release's own sampler arguments)
+) -> Callable[[], SampledWalk]:
+    """`accept_tree`'s `sample` from a release's DFlash sampled-verify function as every set
+    extends it: called with `candidates` = the tree's tokens, `tree_retrieve` = its links and
+    `kwargs` (the release's own arguments), it returns (accepted drafts, bonus, global
+    accept_index, predicts); the same exact rejection-sampling kernel then walks the tree."""
+
+    def sample() -> SampledWalk:
+        correct_len, _, accept_index, predicts = sampler(
+            candidates=tree.tokens, tree_retrieve=tree_retrieve(tree), **kwargs
+        )
+        return correct_len, accept_index, predicts
+
+    return sample
+
+
+def host_prefix_sum(
+    prefix_lens: torch.Tensor,
+    *bounds: tuple[Any, Any],
+    exact_lens: torch.Tensor | None = None,
+) -> tuple[int, bool]:
+    """(sum, exact): the host prefix-length sum a tree mask is sized by, without a device sync
+    where the host has one. `bounds` are (host lengths, their sum) upper bounds in the release's
+    order of preference (under overlap only a planning or reserved bound is on the host, the one
+    the verify plans its attention with); the first whose lengths are set wins. Else
+    `exact_lens` (the batch's host lengths), else `prefix_lens` summed on the device."""
+    for lens, total in bounds:
+        if lens is not None:
+            return int(total), False
+    if exact_lens is not None:
+        return int(exact_lens.sum()), True
+    return int(prefix_lens.sum().item()), True
+
+
+@dataclass
+class Step:
+    """One verify step of DDTREE: the tree verified (shadow_linear: DFLASH's chain as a tree),
+    the KV slots [bs, W] its nodes are verified in, and, once accepted, the path's nodes."""
+
+    tree: Tree
+    mode: str
+    cache_loc: torch.Tensor
+    prefix_lens: torch.Tensor
+    block_size: int
+    accept_index: torch.Tensor | None = None
+
+    @property
+    def width(self) -> int:
+        return int(self.tree.tokens.shape[1])
+
+    def verify_input(self, cls: Callable[..., Any], **kwargs: Any) -> Any:  # noqa: ANN401
+        """The release's `DDTreeVerifyInput` (`cls`) of the tree: `kwargs` (the release's own
+        fields) plus the verify width and the tree's fields (`verify_input_fields`: positions
+        prefix + depth, the ancestor mask in tree mode only, the links and parents)."""
+        fields = verify_input_fields(self.tree, tree_mask=self.mode == "tree")
+        return cls(draft_token_num=self.width, **kwargs, **fields)
+
+    def accept(
+        self, next_token_logits: torch.Tensor, sample: Callable[[], SampledWalk] | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """DFLASH's five accept outputs over the tree (`accept_tree`, paths of at most B nodes;
+        `sample`: `tree_sampler`'s, None for greedy); the path's nodes are kept for `commit`."""
+        *outputs, self.accept_index = accept_tree(
+            tree=self.tree,
+            next_token_logits=next_token_logits,
+            path_len=self.block_size,
+            prefix_lens=self.prefix_lens,
+            sample=sample,
+        )
+        return tuple(outputs)
+
+    def sampler(
+        self,
+        release_sampler: Callable[..., tuple[torch.Tensor, ...]],
+        **kwargs: Any,  # noqa: ANN401 (the release's own sampler arguments)
+    ) -> Callable[[], SampledWalk]:
+        """`tree_sampler` of this step's tree: `accept`'s `sample` through the release's
+        sampled-verify function as the sets extend it."""
+        return tree_sampler(release_sampler, self.tree, **kwargs)
+
+    def commit(
+        self,
+        move_kv_cache: Callable[[torch.Tensor, torch.Tensor], None],
+        hidden_states: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Tree mode: the accepted path's KV moved to the window front (`commit_path`) and its
+        hidden rows in the drafter's block layout [bs * B, ...] (`block_rows`), so the release's
+        chain-layout code (committed KV, draft-KV append) sees DFLASH's committed prefix. A
+        chain (shadow_linear) is already in window order: nothing moves."""
+        if self.mode != "tree":
+            return hidden_states
+        assert self.accept_index is not None, "commit before accept"
+        rows = commit_path(
+            accept_index=self.accept_index,
+            cache_loc=self.cache_loc,
+            move_kv_cache=move_kv_cache,
+            hidden_states=hidden_states,
+            width=self.width,
+        )
+        if rows is None:
+            return None
+        return block_rows(rows, int(self.tree.tokens.shape[0]), self.width, self.block_size)
+
+
+class Verifier:
+    """One worker's DDTREE: its settings (checked at start) and block size B, and the pieces of
+    its verify step, so a release's worker keeps only the calls at its own hook points."""
+
+    # The module's per-step helpers a worker reaches through its Verifier (it holds no module).
+    host_prefix_sum = staticmethod(host_prefix_sum)
+    mamba_steps = staticmethod(mamba_steps)
+
+    def __init__(self, settings: Settings, block_size: int) -> None:
+        self.settings = settings
+        self.block_size = int(block_size)
+
+    @classmethod
+    def start(
+        cls,
+        server_args: Any,  # noqa: ANN401 (as resolve_settings)
+        *,
+        block_size: int,
+        is_hybrid: bool,
+        on_cuda: bool,
+        log: Callable[..., None] | None = None,
+    ) -> Verifier:
+        """`resolve_settings`' refusals at start, then the settings line (`log`: the release's
+        logger on the first TP rank; the GPU lab greps `verify_width=`)."""
+        settings = resolve_settings(
+            server_args, block_size=block_size, is_hybrid=is_hybrid, on_cuda=on_cuda
+        )
+        if log is not None:
+            log(
+                "DDTREE mode=%s budget=%d topk=%d block_size=%d verify_width=%d",
+                settings.mode,
+                settings.budget,
+                settings.topk,
+                int(block_size),
+                settings.width,
+            )
+        return cls(settings, block_size)
+
+    def propose(
+        self,
+        *,
+        draft_hidden: torch.Tensor,
+        lm_head: Any,  # noqa: ANN401 (as lm_head_topk_logprobs)
+        root_tokens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        host_sum: tuple[int, bool],
+        tp_group: TPGroup | None,
+    ) -> Tree:
+        """Tree mode's draft at these settings (`propose_tree`); `host_sum` is
+        `host_prefix_sum`'s (sum, exact)."""
+        return propose_tree(
+            draft_hidden=draft_hidden,
+            lm_head=lm_head,
+            topk=self.settings.topk,
+            budget=self.settings.budget,
+            width=self.settings.width,
+            root_tokens=root_tokens,
+            prefix_lens=prefix_lens,
+            prefix_lens_sum=host_sum[0],
+            prefix_lens_sum_exact=host_sum[1],
+            tp_group=tp_group,
+        )
+
+    def step(
+        self,
+        *,
+        tree: Tree | None,
+        draft_tokens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        block_cache_loc: torch.Tensor,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+    ) -> Step:
+        """The step of a proposed `tree`, or (None, shadow_linear) of DFLASH's `draft_tokens`
+        chain. A tree wider than B verifies in the first W slots of the window the release
+        reserved for W (`window_cache_loc`); otherwise in the block's own `block_cache_loc`."""
+        if tree is None:
+            tree = chain_tree(draft_tokens, prefix_lens)
+        cache_loc = block_cache_loc
+        width = int(tree.tokens.shape[1])
+        if width > self.block_size:
+            cache_loc = window_cache_loc(req_to_token, req_pool_indices, prefix_lens, width)
+        return Step(
+            tree=tree,
+            mode=self.settings.mode,
+            cache_loc=cache_loc,
+            prefix_lens=prefix_lens,
+            block_size=self.block_size,
+        )

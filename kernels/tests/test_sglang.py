@@ -9,6 +9,7 @@ verify-path checks call the same functions with SGLang's real ones.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -595,3 +596,233 @@ def test_path_rows_put_each_path_first_then_the_other_nodes() -> None:
     assert rows.tolist() == [0, 3, 5, 1, 2, 4, 6, 7, 8, 9, 10, 11]
     tokens = torch.arange(12) * 10
     assert tokens[rows].view(2, 6)[0, :3].tolist() == [0, 30, 50]
+
+
+# ------------------------------------------------------------------ server arguments
+
+
+def test_tree_args_defaults_and_the_verify_width() -> None:
+    """Tree mode: budget B - 1 and topk min(8, budget) by default; a budget past the block widens
+    the verify to budget + 1 (B kept for the drafter); shadow_linear keeps B (width None)."""
+    assert S.resolve_tree_args(mode="tree", budget=None, topk=None, block_size=16) == S.TreeArgs(
+        budget=15, topk=8, width=16, warning=None
+    )
+    wide = S.resolve_tree_args(mode="tree", budget=63, topk=8, block_size=16)
+    assert (wide.budget, wide.topk, wide.width) == (63, 8, 64)
+    assert S.resolve_tree_args(mode="tree", budget=4, topk=None, block_size=16).topk == 4
+    shadow = S.resolve_tree_args(mode="shadow_linear", budget=None, topk=None, block_size=16)
+    assert shadow == S.TreeArgs(budget=15, topk=1, width=None, warning=None)
+
+
+def test_shadow_linear_overrides_other_values_with_a_warning() -> None:
+    got = S.resolve_tree_args(mode="shadow_linear", budget=4, topk=None, block_size=16)
+    assert (got.budget, got.topk, got.width) == (15, 1, None)
+    assert got.warning == (
+        "DDTREE shadow_linear verifies the DFlash chain: overriding budget=4, topk=None to "
+        "budget=15, topk=1."
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "sentence"),
+    [
+        ({"budget": 64}, "--speculative-ddtree-budget 64 exceeds the verify width: it must be "
+         "between 1 and 63 (tree mode verifies at most 64 tokens per request)."),
+        ({"budget": 0}, "--speculative-ddtree-budget 0 is below the minimum: it must be between "
+         "1 and 63 (tree mode verifies at most 64 tokens per request)."),
+        ({"budget": 6, "topk": 7}, "--speculative-ddtree-topk 7 is out of range: it must be "
+         "between 1 and the tree budget 6."),
+        ({"topk": 0}, "--speculative-ddtree-topk 0 is out of range: it must be between 1 and the "
+         "tree budget 15."),
+        ({"mode": "wide"}, "--speculative-ddtree-mode must be 'tree' or 'shadow_linear', got "
+         "'wide'."),
+        ({"mode": "shadow_linear", "budget": 16}, "--speculative-ddtree-budget 16 exceeds the "
+         "verify width: it must be between 1 and block_size - 1 = 15 (shadow_linear verifies the "
+         "DFlash block of the draft model)."),
+        ({"block_size": 1}, "DDTREE needs a DFlash block size of at least 2, got 1."),
+    ],
+)  # fmt: skip
+def test_tree_args_refusals_are_one_sentence_each(kw: dict[str, object], sentence: str) -> None:
+    args: dict[str, object] = {"mode": "tree", "budget": None, "topk": None, "block_size": 16}
+    with pytest.raises(ValueError, match=re.escape(sentence)) as err:
+        S.resolve_tree_args(**{**args, **kw})  # type: ignore[arg-type]
+    assert str(err.value) == sentence
+
+
+def test_tree_mode_on_cuda_refuses_a_backend_without_a_tree_mask() -> None:
+    asked: list[bool] = []
+
+    def backends(*names: str) -> Callable[[], tuple[str, ...]]:
+        def get() -> tuple[str, ...]:
+            asked.append(True)
+            return names
+
+        return get
+
+    with pytest.raises(ValueError, match="cannot verify with attention backend fa3:") as err:
+        S.check_attention_backends(backends("fa3", "flashinfer"), mode="tree", device="cuda")
+    assert str(err.value).startswith("DDTREE tree mode cannot verify with attention backend fa3:")
+    assert str(err.value).endswith("or use --speculative-ddtree-mode shadow_linear.")
+    S.check_attention_backends(backends("triton", "flashinfer"), mode="tree", device="cuda")
+    asked.clear()
+    S.check_attention_backends(backends("fa3"), mode="shadow_linear", device="cuda")
+    S.check_attention_backends(backends("fa3"), mode="tree", device="cpu")
+    assert asked == []  # the release's getter is not asked outside tree mode on CUDA
+
+
+# ------------------------------------------------------------------ the worker's verify step
+
+
+def test_host_prefix_sum_takes_the_first_bound_then_the_exact_lengths() -> None:
+    prefix = torch.tensor([4, 9])
+    lens = torch.tensor([5, 10])
+    assert S.host_prefix_sum(prefix, (None, None), (lens, 40)) == (40, False)
+    assert S.host_prefix_sum(prefix, (lens, 30), (lens, 40)) == (30, False)
+    assert S.host_prefix_sum(prefix, (None, None), exact_lens=lens) == (15, True)
+    assert S.host_prefix_sum(prefix) == (13, True)
+
+
+def test_tree_sampler_calls_the_release_sampler_on_the_tree() -> None:
+    tree = S.chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
+    seen: dict[str, object] = {}
+
+    def sampler(**kw: object) -> tuple[object, ...]:  # TEST DOUBLE: a set's extended sampler
+        seen.update(kw)
+        return "accepted", "bonus", "accept_index", "predicts"
+
+    sample = S.tree_sampler(sampler, tree, max_top_k=4)  # type: ignore[arg-type]
+    assert sample() == ("accepted", "accept_index", "predicts")
+    assert seen["candidates"] is tree.tokens
+    assert seen["max_top_k"] == 4
+    assert seen["tree_retrieve"] == S.tree_retrieve(tree)
+
+
+def _verifier(mode: str, budget: int, width: int, block: int) -> S.Verifier:
+    return S.Verifier(S.Settings(mode=mode, budget=budget, topk=2, width=width), block)
+
+
+def test_verifier_start_logs_the_settings_line() -> None:
+    lines: list[str] = []
+    verifier = S.Verifier.start(
+        _args(), block_size=8, is_hybrid=False, on_cuda=False,
+        log=lambda fmt, *args: lines.append(fmt % args),
+    )  # fmt: skip
+    assert verifier.settings == S.Settings(mode="tree", budget=7, topk=3, width=8)
+    assert lines == ["DDTREE mode=tree budget=7 topk=3 block_size=8 verify_width=8"]
+
+
+def test_step_of_a_chain_is_dflash_chain_in_the_block_slots() -> None:
+    """shadow_linear: the step verifies DFLASH's chain in the block's own slots, with no tree mask,
+    and its commit moves nothing (the path is already in window order)."""
+    draft = torch.tensor([[9, 1, 2, 3], [4, 5, 6, 7]])
+    prefix = torch.tensor([5, 0])
+    block_loc = torch.arange(8).view(2, 4) + 100
+    step = _verifier("shadow_linear", 3, 4, 4).step(
+        tree=None, draft_tokens=draft, prefix_lens=prefix, block_cache_loc=block_loc,
+        req_to_token=torch.zeros(1), req_pool_indices=torch.zeros(1),
+    )  # fmt: skip
+    assert _same(step.tree.tokens, draft)
+    assert step.cache_loc is block_loc
+    vi = step.verify_input(SimpleNamespace, draft_token=draft.reshape(-1))
+    assert vi.custom_mask is None
+    assert vi.draft_token_num == 4
+    assert vi.positions.tolist() == [5, 6, 7, 8, 0, 1, 2, 3]
+    hidden = torch.arange(8.0).unsqueeze(1)
+    assert step.commit(lambda tgt, src: pytest.fail("moved"), hidden) is hidden
+
+
+def test_step_of_a_wide_tree_verifies_in_the_window_and_commits_the_path() -> None:
+    """A tree wider than the block verifies in the window's first W slots with its mask; greedy
+    accept is the kernels' walk; the commit moves the path's KV to the window front and gives
+    its hidden rows in the drafter's block layout."""
+    tokens, parents, target = _branching_case()  # width 6
+    prefix = torch.tensor([3])
+    tree = S.pad_tree(reference.build_tree(*_tree_inputs(1, 3, 2, 5)[:2],
+                                           tokens[:, 0], prefix, 4), 6)  # fmt: skip
+    tree = tree._replace(tokens=tokens, parents=parents)  # the hand-made branching case
+    req_to_token = torch.arange(20).view(1, 20) + 100
+    step = _verifier("tree", 5, 6, 4).step(
+        tree=tree, draft_tokens=tokens, prefix_lens=prefix, block_cache_loc=torch.zeros(1, 4),
+        req_to_token=req_to_token, req_pool_indices=torch.tensor([0]),
+    )  # fmt: skip
+    assert step.cache_loc.tolist() == [[103, 104, 105, 106, 107, 108]]
+    vi = step.verify_input(SimpleNamespace, draft_token=tokens.reshape(-1))
+    assert vi.custom_mask is tree.custom_mask
+    assert vi.draft_token_num == 6
+    drafts, commit, bonus, _, seq = step.accept(_argmax_logits(target, 100))
+    assert step.accept_index is not None
+    assert step.accept_index.tolist() == [[0, 2, 3, 5]]
+    assert (drafts.tolist(), commit.tolist(), bonus.tolist(), seq.tolist()) == (
+        [3], [4], [77], [7]
+    )  # fmt: skip
+    pool = torch.arange(128, dtype=torch.float32)
+
+    def move_kv_cache(tgt: torch.Tensor, src: torch.Tensor) -> None:
+        pool[tgt] = pool[src].clone()  # TEST DOUBLE for SGLang's KV pool move
+
+    rows = step.commit(move_kv_cache, torch.arange(6.0).unsqueeze(1) * 10)
+    assert pool[103:107].tolist() == [103.0, 105.0, 106.0, 108.0]
+    assert rows is not None
+    assert rows[:, 0].tolist() == [0.0, 20.0, 30.0, 50.0]
+
+
+def test_resolve_server_args_writes_back_the_release_way_and_checks_the_backend() -> None:
+    """The set's `_handle_ddtree_args`: tree mode moves the block to
+    speculative_dflash_block_size and widens the verify; writes go through the release's
+    `write`; shadow_linear warns and keeps the block; a tree on CUDA asks the backend getter."""
+    wide = SimpleNamespace(
+        speculative_num_draft_tokens=16, speculative_ddtree_mode="tree",
+        speculative_ddtree_budget=31, speculative_ddtree_topk=None, device="cuda",
+    )  # fmt: skip
+    writes: list[tuple[str, object]] = []
+
+    def write(obj: object, name: str, value: object) -> None:
+        writes.append((name, value))
+        setattr(obj, name, value)
+
+    S.resolve_server_args(
+        wide, warn=pytest.fail, write=write, attention_backends=lambda: ("flashinfer",)
+    )
+    assert writes == [
+        ("speculative_ddtree_budget", 31), ("speculative_ddtree_topk", 8),
+        ("speculative_dflash_block_size", 16), ("speculative_num_draft_tokens", 32),
+    ]  # fmt: skip
+    warned: list[str] = []
+    shadow = SimpleNamespace(
+        speculative_num_draft_tokens=16, speculative_ddtree_mode="shadow_linear",
+        speculative_ddtree_budget=4, speculative_ddtree_topk=None, device="cuda",
+    )  # fmt: skip
+    S.resolve_server_args(shadow, warn=warned.append, attention_backends=lambda: ("fa3",))
+    assert (shadow.speculative_ddtree_budget, shadow.speculative_ddtree_topk) == (15, 1)
+    assert shadow.speculative_num_draft_tokens == 16
+    assert not hasattr(shadow, "speculative_dflash_block_size")
+    assert len(warned) == 1
+    tree = SimpleNamespace(**{**vars(wide), "speculative_num_draft_tokens": 16})
+    with pytest.raises(ValueError, match="cannot verify with attention backend fa3"):
+        S.resolve_server_args(tree, warn=pytest.fail, attention_backends=lambda: ("fa3",))
+
+
+def test_require_gives_the_module_at_its_api_and_refuses_another_in_one_sentence() -> None:
+    """`require` is the one name a set's loader calls before it trusts the rest: frozen."""
+    assert S.require(S.API_VERSION) is S
+    with pytest.raises(RuntimeError, match="action=build-kernels") as err:
+        S.require(S.API_VERSION + 1)
+    text = str(err.value)
+    assert f"written for ddtree_kernels.sglang API {S.API_VERSION + 1}" in text
+    assert f"provides API {S.API_VERSION};" in text
+    assert text.endswith(".")
+    assert ". " not in text[:-1]
+
+
+def test_verifier_and_step_reach_the_per_step_helpers() -> None:
+    """A worker holds a Verifier, not the module: the per-step helpers hang off it."""
+    assert S.Verifier.host_prefix_sum is S.host_prefix_sum
+    assert S.Verifier.mamba_steps is S.mamba_steps
+    tree = S.chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
+    step = S.Step(tree=tree, mode="shadow_linear", cache_loc=torch.zeros(1, 4),
+                  prefix_lens=torch.tensor([5]), block_size=4)  # fmt: skip
+
+    def sampler(**kw: object) -> tuple[object, ...]:  # TEST DOUBLE: a set's extended sampler
+        return kw["candidates"], "bonus", kw["tree_retrieve"], kw["top"]
+
+    assert step.sampler(sampler, top=2)() == (tree.tokens, S.tree_retrieve(tree), 2)  # type: ignore[arg-type]

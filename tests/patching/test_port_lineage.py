@@ -33,6 +33,7 @@ WORKER = "0003-ddtree-worker.patch"
 HELPERS = "0004-ddtree-verify-input.patch"  # dflash_utils: the worker's helpers live here
 MAMBA_POOL = "0006-hybrid-mamba-pool-ddtree-tree.patch"  # 0.5.19 on
 HYBRID_LINEAR = "0007-hybrid-linear-attn-ddtree-tree.patch"  # 0.5.14 to 0.5.18
+BACKEND = "0006-server-args-ddtree-attention-backend.patch"  # 0.5.14 to 0.5.18
 
 HunkKey = tuple[str, str, int]  # (patch, file name, hunk index)
 GateKey = tuple[str, str, str]  # (file, function, line)
@@ -68,14 +69,17 @@ LINEAGES = (
     # 0.5.15's worker: the draft runner shares the target's server args, an in-graph draft sampler
     # replaced the eager greedy head, and the batch argument is `batch` (0.5.14:
     # model_worker_batch, which the log-prob guard's hunk names too). 0004 holds the worker's new
-    # helper. New sites: four widened gates. 0.5.14's set is thin (THIN-SETS.md: its 0003 and
-    # 0004 call ddtree_kernels.sglang) and 0.5.15's is not yet, so 0004 differs throughout and
-    # 0003's verify-input hunk (11) is split from the one that still lands (12); the rewritten
-    # hunks are the same ones.
+    # helper. New sites: four widened gates. Both sets are on the v2 design (THIN-SETS.md: the
+    # worker runs ddtree_kernels.sglang's Verifier, the server arguments are resolved there, 0001
+    # holds the module's loader), so 0004 still differs (0.5.15 keeps its draft runner's args
+    # copy), the worker's import hunk (1) now reaches the spec_info import and fails on 0.5.15's
+    # imports, and its verify-input hunk (11) keeps DFLASH's out_cache_loc line as context (the
+    # tree's slots are set after it); the other failed hunks are the same ones.
     Lineage(
         "0.5.14",
         "0.5.15",
         failed={
+            (WORKER, "dflash_worker_v2.py", 1): _absent("set_global_server_args_for_scheduler,"),
             (WORKER, "dflash_worker_v2.py", 2): _absent(
                 "draft_server_args = deepcopy(server_args)"
             ),
@@ -83,7 +87,7 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 9): _absent("model_worker_batch: ScheduleBatch,"),
             (WORKER, "dflash_worker_v2.py", 10): _absent("if draft_hidden is None:"),
             (WORKER, "dflash_worker_v2.py", 11): _absent(
-                "model_worker_batch.out_cache_loc = verify_out_cache_loc", "removed"
+                "model_worker_batch.out_cache_loc = verify_out_cache_loc"
             ),
             (WORKER, "dflash_worker_v2.py", 13): _absent("batch=model_worker_batch,"),
         },
@@ -96,7 +100,11 @@ LINEAGES = (
     # commit in a flag set at init; SpecInput's token scaling became a function; the Mamba pools
     # moved to mem_cache/kv_cache_configurator.py; dflash_utils' sampled-verify tail, the context
     # of 0004's scoring-request helpers, changed. It asks is_dflash_family() at most runtime
-    # gates, so most of its new sites are widened.
+    # gates, so most of its new sites are widened. 0.5.15's set is on the v2 design
+    # (THIN-SETS.md) and 0.5.16's is not yet: the worker's import hunk (1) reaches the spec_info
+    # import and fails on 0.5.16's imports, its hunks after the accept one shift by one (the
+    # Mamba commit hunk is 15, 42 hunks in all), and 0006 (the backend check moved into 0002's
+    # call) differs though it lands; the failed hunks are the same ones.
     Lineage(
         "0.5.15",
         "0.5.16",
@@ -111,11 +119,14 @@ LINEAGES = (
             (SERVER_ARGS, "server_args.py", 2): "context line "
             "'speculative_accept_threshold_single: A[' does not match line 1753 "
             "('speculative_dspark_block_size: A[') at the closest match (3 of 6 lines)",
+            (WORKER, "dflash_worker_v2.py", 1): _absent(
+                "from sglang.srt.speculative.triton_ops.cache_locs import assign_extend_cache_..."
+            ),
             (WORKER, "dflash_worker_v2.py", 2): _absent(
                 "# Draft runner (separate KV cache + attention backend).", "removed"
             ),
             (WORKER, "dflash_worker_v2.py", 6): _absent("if get_tp_group().world_size != 1:"),
-            (WORKER, "dflash_worker_v2.py", 14): _absent("if need_mamba_verify_commit:"),
+            (WORKER, "dflash_worker_v2.py", 15): _absent("if need_mamba_verify_commit:"),
             (HELPERS, "dflash_utils.py", 5): "context line 'row_ids = torch.arange(bs, "
             "dtype=torch.long, device=device)' does not match line 790 ('target_probs,') at the "
             "closest match (7 of 11 lines)",
@@ -129,7 +140,8 @@ LINEAGES = (
             },
         },
         unreviewed={"widened": 14, "covered": 2, "dflash-only": 1},
-        hunks=43,
+        also_rewritten=(BACKEND,),
+        hunks=42,
     ),
     # 0.5.17: the server-args fields carry NS("spec") (published into its config bags); the worker
     # imports the exec bag and the grammar and simulated-acceptance helpers, and masks a grammar
