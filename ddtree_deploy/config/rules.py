@@ -245,6 +245,8 @@ def _validation_problems(cfg: DeployConfig) -> list[str]:
         problems.append(f"validation.repeats={val.repeats} must be at least 1.")
     if val.concurrency < 1:
         problems.append(f"validation.concurrency={val.concurrency} must be at least 1.")
+    if val.min_pass_s < 0:
+        problems.append(f"validation.min_pass_s={val.min_pass_s} must be at least 0 (seconds).")
     for gate in GATE_TIMINGS:
         timing = getattr(val, gate)
         if timing.timeout_s <= 0 or timing.interval_s <= 0 or timing.initial_delay_s < 0:

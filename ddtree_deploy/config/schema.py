@@ -226,6 +226,9 @@ class ValidationConfig:
     # A throughput measurement with fewer completion tokens cannot judge a speedup.
     min_measured_tokens: int = 64
     repeats: int = 1  # passes over the prompt set per measurement
+    # Seconds of generation a measurement lasts at least: more passes until then, so a fast
+    # model's tokens/s (a sub-second pass at 32 in flight) is not timer noise.
+    min_pass_s: float = 0.0
     # Requests in flight while measuring: 1 is batch 1; above it, all passes go out at once.
     concurrency: int = 1
     on_inconclusive: InconclusivePolicy = InconclusivePolicy.rollback

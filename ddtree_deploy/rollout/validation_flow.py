@@ -251,6 +251,7 @@ def _measure(probe: ServiceProbe, label: str, timing_gate: str) -> Measurement:
             val.prompts,
             label=label,
             repeats=val.repeats,
+            min_pass_s=val.min_pass_s,
             timeout_s=timing.timeout_s,
             pause_s=timing.interval_s,
             concurrency=val.concurrency,

@@ -1,10 +1,11 @@
 """Answer the prompt set and keep what the gates compare: tokens, acceptance, tokens/s.
 
 Every measurement (baseline, shadow-linear, tree) is taken the same way: temperature 0,
-wall-clock time on the control machine, `repeats` passes. With `concurrency` 1 the prompts go
-one after another (batch 1); above 1, every pass goes out at once with at most `concurrency`
-requests in flight, which is how a serving batch is measured. Tokens are compared on the first
-pass; throughput is completion tokens over the time the passes took.
+wall-clock time on the control machine, `repeats` passes, and more until the generation has
+lasted `validation.min_pass_s` (a sub-second pass measures noise). With `concurrency` 1 the
+prompts go one after another (batch 1); above 1, each round of passes goes out at once with at
+most `concurrency` requests in flight, which is how a serving batch is measured. Tokens are
+compared on the first pass; throughput is completion tokens over the time the passes took.
 """
 
 from __future__ import annotations
@@ -132,11 +133,13 @@ def measure(
     timeout_s: float,
     pause_s: float = 0.0,
     concurrency: int = 1,
+    min_pass_s: float = 0.0,
 ) -> Measurement:
-    """Answer every prompt `repeats` times after a warm-up; `ValidationError` past `timeout_s`.
+    """Answer every prompt `repeats` times after a warm-up, and again in rounds of `repeats`
+    until the generation has lasted `min_pass_s`; `ValidationError` past `timeout_s`.
 
     `pause_s` separates sequential passes (the gate's `interval_s`), so repeats sample
-    different moments; with `concurrency` above 1 all passes are one batch of requests.
+    different moments; with `concurrency` above 1 each round of passes is one batch of requests.
     """
     deadline = time.monotonic() + timeout_s
     if prompts:  # one short, uncounted request first: every measurement starts warm
@@ -159,19 +162,25 @@ def measure(
         )
 
     results: list[PromptResult] = []
-    start = time.perf_counter()
-    if concurrency > 1:
-        work = [(prompt, repeat) for repeat in range(repeats) for prompt in prompts]
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            results = list(pool.map(lambda item: answer(*item), work))
-        return Measurement(label, tuple(results), elapsed_s=time.perf_counter() - start)
-    paused = 0.0
-    for repeat in range(repeats):
-        if repeat:
-            time.sleep(pause_s)
-            paused += pause_s
-        results += [answer(prompt, repeat) for prompt in prompts]
-    return Measurement(label, tuple(results), elapsed_s=time.perf_counter() - start - paused)
+    generating = 0.0  # seconds spent answering, the pauses between sequential passes left out
+    done = 0
+    while prompts and (done == 0 or generating < min_pass_s):
+        passes = range(done, done + repeats)
+        start = time.perf_counter()
+        if concurrency > 1:
+            work = [(prompt, repeat) for repeat in passes for prompt in prompts]
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                results += pool.map(lambda item: answer(*item), work)
+            generating += time.perf_counter() - start
+        else:
+            for repeat in passes:
+                if repeat:
+                    time.sleep(pause_s)
+                start = time.perf_counter()
+                results += [answer(prompt, repeat) for prompt in prompts]
+                generating += time.perf_counter() - start
+        done += repeats
+    return Measurement(label, tuple(results), elapsed_s=generating)
 
 
 def score_answers(

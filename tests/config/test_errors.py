@@ -174,6 +174,11 @@ CASES = [
         "validation.min_speedup=0.0 must be above 0.",
         id="min-speedup",
     ),
+    pytest.param(
+        ["validation.min_pass_s=-1"],
+        "validation.min_pass_s=-1.0 must be at least 0 (seconds).",
+        id="min-pass-s",
+    ),
 ]
 
 

@@ -23,11 +23,13 @@ validate must fail; the table says whether it did, and whether the plant was in 
 
 `--api-key`: every server is deployed with an API key (`service.api_key_env`), started through
 the product's launcher as its unit would start it; once healthy, each cell records whether the
-key shows on any command line of its process group, in any environment but the server's own, in
-its log, and whether a request without the key is refused (issue 26's check on a real server).
+key shows on any command line or in any environment of its process group (the server's own
+included), in its log, and whether a request without the key is refused (issue 26's check on a real server).
 
-`--overhead N`: DFLASH and shadow_linear served side by side on the attention target, their
-passes interleaved over N rounds at 1, 8 and 32 requests in flight (shadow_linear's cost).
+`--overhead N`: DFLASH, shadow_linear and a tree per `--budgets` entry served side by side on
+the attention target, their passes interleaved over N rounds at 1, 8 and 32 requests in flight
+(the order rotating per round; after round 0 each pass lasts about OVERHEAD_PASS_S): shadow_linear's
+cost and each tree's speed over DFLASH, as medians of paired rounds.
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
 (tune_lab.py judges and tables it with the product's code).
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -63,8 +66,8 @@ IN_FLIGHT = "8"  # the batched passes' requests in flight (--in-flight): 4 passe
 LONG_ANSWER = 160  # new tokens every prompt answers (the matrix asks for at least 128)
 OVERHEAD_CONCURRENCY = (1, 8, 32)
 LAB_KEY_VAR = "DDTREE_LAB_API_KEY"  # --api-key: where the tool reads the key (service.api_key_env)
-# About 14 s of generation per pass at batch 1 (run 2's one-second windows spread 20-30%).
-OVERHEAD_REPEATS_C1 = 8
+OVERHEAD_PASS_S = 6.0  # generation per measured pass after round 0 (run 2: 1 s spread 20-30%)
+OVERHEAD_MAX_REPEATS = 64
 START_TIMEOUT_S = 420
 TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
 PLANT = REPO / "tests" / "standin" / "plant"  # its sitecustomize plants the bug
@@ -606,40 +609,76 @@ def serve_together(lab: Lab, plan: TargetCells, save: Callable[[], None]) -> Non
             lab.stop(server)
 
 
-def concurrency_overrides(level: int, prompts: int, *, c1_repeats: int = 4) -> list[str]:
-    """`level` requests in flight; at least `level` requests, as passes over `prompts` prompts."""
+def concurrency_overrides(level: int, prompts: int) -> list[str]:
+    """`level` requests in flight; at least `level` requests, as passes over `prompts` prompts
+    (four passes at batch 1)."""
     if level == 1:
-        return [f"validation.repeats={c1_repeats}"]
+        return ["validation.repeats=4"]
     return [f"validation.concurrency={level}", f"validation.repeats={-(-level // prompts)}"]
 
 
+def overhead_cells(budgets: Sequence[str]) -> dict[str, list[str]]:
+    """The interleaved comparison's servers: DFLASH first (its round-0 pass stores the baseline
+    the others are held to), shadow_linear, and a tree server per budget."""
+    cells = {"dflash": ["algo=dflash"], "ddtree_shadow": ["algo=ddtree_shadow"]}
+    cells.update({f"ddtree-{b}": ["algo=ddtree", f"algo.budget={b}"] for b in budgets})
+    return cells
+
+
+def pass_repeats(level: int, prompts: int, warm: dict[str, Any] | None) -> int:
+    """Passes over the prompt set in one measured pass at `level` in flight: round 0 takes the
+    fewest that keep `level` requests in flight; later rounds as many as make OVERHEAD_PASS_S of
+    generation at the speed DFLASH's round-0 pass (`warm`) showed (run 12's passes at 32 in
+    flight lasted 0.8 to 2 s on the trained pair: too short to compare)."""
+    least = -(-level // prompts)
+    if not warm or not warm.get("tokens") or not warm.get("tokens_per_s"):
+        return least
+    per_repeat = warm["tokens"] / warm["repeats"]
+    wanted = math.ceil(OVERHEAD_PASS_S * warm["tokens_per_s"] / per_repeat)
+    return max(least, min(OVERHEAD_MAX_REPEATS, wanted))
+
+
 def run_overhead(
-    lab: Lab, rounds: int, base: list[str], passes: list[dict[str, Any]], save: Callable[[], None]
+    lab: Lab,
+    rounds: int,
+    base: list[str],
+    budgets: Sequence[str],
+    passes: list[dict[str, Any]],
+    save: Callable[[], None],
 ) -> None:
-    """shadow_linear's cost over DFLASH: both served at once on the attention target, their
-    validate passes interleaved (order alternating per round) at each concurrency, so drift of
-    the machine between passes falls on both alike."""
+    """DDTree's cost and speed against DFLASH: DFLASH, shadow_linear and a tree per budget,
+    served at once on the attention target, their validate passes interleaved at each
+    concurrency (the order rotates per round, so drift of the machine falls on all alike, and
+    each pass at a level does the same work)."""
     shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
-    pair = {algo: [*shared, f"algo={algo}", f"service.port={30000 + i}"]
-            for i, algo in enumerate(("dflash", "ddtree_shadow"))}  # fmt: skip
-    servers = {algo: lab.start(f"overhead-{algo}", o) for algo, o in pair.items()}
+    cells = {name: [*shared, *algo, f"service.port={30000 + i}"]
+             for i, (name, algo) in enumerate(overhead_cells(budgets).items())}  # fmt: skip
+    servers = {name: lab.start(f"overhead-{name}", o) for name, o in cells.items()}
     try:
-        for algo, server in servers.items():
+        for name, server in servers.items():
             start_s, error = lab.wait(server)
             if error is not None:
-                passes.append({"algo": algo, "start_error": error})
+                passes.append({"algo": name, "start_error": error})
                 return
-            passes.append({"algo": algo, "start_s": start_s})
+            check = key_exposure(server, lab.api_key) if lab.api_key else None
+            passes.append({"algo": name, "start_s": start_s, "key_check": check})
+        warm: dict[int, dict[str, Any]] = {}
+        order = list(cells)
         for rnd in range(rounds):
             for level in OVERHEAD_CONCURRENCY:
-                # DFLASH first in round 0: its pass stores the baseline shadow_linear is held to.
-                order = ["dflash", "ddtree_shadow"][:: 1 if rnd % 2 == 0 else -1]
-                for algo in order:
-                    more = concurrency_overrides(level, lab.prompts, c1_repeats=OVERHEAD_REPEATS_C1)
-                    name = f"overhead-r{rnd}-c{level}-{algo}"
-                    step = lab.tool(name, *pair[algo], *more, "action=validate")
+                repeats = pass_repeats(level, lab.prompts, warm.get(level))
+                more = [f"validation.repeats={repeats}"]
+                if level > 1:
+                    more.append(f"validation.concurrency={level}")
+                shift = rnd % len(order)
+                for name in order[shift:] + order[:shift]:
+                    step = lab.tool(f"overhead-r{rnd}-c{level}-{name}", *cells[name], *more,
+                                    "action=validate")  # fmt: skip
                     run = summarize(step.report(lab.runs), step.exit_code)
-                    passes.append({"algo": algo, "round": rnd, "concurrency": level, **run})
+                    passes.append({"algo": name, "round": rnd, "concurrency": level,
+                                   "repeats": repeats, **run})  # fmt: skip
+                    if rnd == 0 and name == "dflash":
+                        warm[level] = {"repeats": repeats, **run}
             save()
     finally:
         for server in servers.values():
@@ -745,7 +784,8 @@ def main() -> int:
         "--planted-bug", action="store_true", help="one more tree cell (budget 15), bug planted"
     )
     parser.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
-                        help="only the interleaved shadow_linear-vs-DFLASH overhead table")  # fmt: skip
+                        help="only the interleaved table: shadow_linear and the --budgets trees "
+                        "against DFLASH")  # fmt: skip
     parser.add_argument("--tune", action="store_true", help="only the tune sweep (attention)")
     parser.add_argument(
         "--together", default="", help="targets whose cells are served at once, e.g. attention"
@@ -799,7 +839,8 @@ def main() -> int:
     if args.models_only:
         pass
     elif args.overhead:
-        run_overhead(lab, args.overhead, base, results["overhead"], save)
+        budgets = [b for b in args.budgets.split(",") if b]
+        run_overhead(lab, args.overhead, base, budgets, results["overhead"], save)
     elif args.tune:
         results["tune_sweep"] = []
         results["tune"] = run_tune(lab, base, results["tune_sweep"], save)

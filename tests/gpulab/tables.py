@@ -131,31 +131,43 @@ def planted_verdict(run: dict[str, Any], plant_seen: bool | None) -> str:
 
 
 def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
-    """Per concurrency: each algorithm's tok/s and step ms round by round, and shadow_linear /
-    DFLASH as the median of the rounds' paired tok/s ratios. Round 0 is shown but left out of
-    the ratio when later rounds exist: it is the first request of each batch shape on a fresh
-    server (Triton compiles its kernels then)."""
+    """Per concurrency and server: tok/s and step ms round by round, its gate verdicts, and its
+    speed over DFLASH as the median of the rounds' paired tok/s ratios. Round 0 is shown but
+    left out of the ratio when later rounds exist: it is the first request of each batch shape
+    on a fresh server (Triton compiles its kernels then), and it sizes the later passes."""
     broken = [p for p in passes if p.get("start_error")]
     if broken:
         return [f"overhead: the {p['algo']} server did not start: {p['start_error'][-300:]!r}"
                 for p in broken]  # fmt: skip
-    lines = ["| in flight | DFLASH tok/s (step ms) by round | shadow_linear tok/s (step ms) by round "
-             "| shadow gate | shadow / DFLASH (median of paired rounds) |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    names = list(dict.fromkeys(p["algo"] for p in passes))
+    lines = ["| in flight | server | prompt-set passes by round | tok/s (step ms) by round | accept "
+             "| gate | x DFLASH (median of paired rounds) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for level in sorted({p["concurrency"] for p in passes if "concurrency" in p}):
-        runs = {algo: {p["round"]: p for p in passes
-                       if p.get("concurrency") == level and p["algo"] == algo and p.get("tokens_per_s")}
-                for algo in ("dflash", "ddtree_shadow")}  # fmt: skip
-        rounds = sorted(set(runs["dflash"]) & set(runs["ddtree_shadow"]))
-        if not rounds:
-            continue
-        warm = [r for r in rounds if r > 0] or rounds
-        ratio = statistics.median(
-            runs["ddtree_shadow"][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"] for r in warm
-        )  # fmt: skip
-        shown = {a: ", ".join(f"{runs[a][r]['tokens_per_s']} ({runs[a][r].get('step_ms')})" for r in rounds)
-                 for a in runs}  # fmt: skip
-        verdicts = {runs["ddtree_shadow"][r]["gates"].get("shadow_linear", "-") for r in rounds}
-        lines.append(f"| {level} | {shown['dflash']} | {shown['ddtree_shadow']} "
-                     f"| {','.join(sorted(verdicts))} | {ratio:.3f} |")  # fmt: skip
-    return lines
+        runs = {name: {p["round"]: p for p in passes
+                       if p.get("concurrency") == level and p["algo"] == name and p.get("tokens_per_s")}
+                for name in names}  # fmt: skip
+        for name in names:
+            rounds = sorted(set(runs["dflash"]) & set(runs[name]))
+            if not rounds:
+                continue
+            warm = [r for r in rounds if r > 0] or rounds
+            ratio = statistics.median(
+                runs[name][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"] for r in warm
+            )
+            shown = ", ".join(f"{runs[name][r]['tokens_per_s']} ({runs[name][r].get('step_ms')})"
+                              for r in rounds)  # fmt: skip
+            repeats = "/".join(str(runs[name][r].get("repeats", "-")) for r in rounds)
+            verdicts = ",".join(sorted({f"{g}:{o}" for r in rounds
+                                        for g, o in runs[name][r]["gates"].items()
+                                        if g in ("baseline", "shadow_linear", "tree")})) or "-"  # fmt: skip
+            gaps = [
+                runs[name][r]["max_gap"] for r in rounds if runs[name][r].get("max_gap") is not None
+            ]
+            if gaps:  # the tie rule's worst gap (nats): a speed-only failure shows it small
+                verdicts += f" (worst gap {max(gaps)})"
+            accept = runs[name][rounds[-1]].get("accept_length")
+            lines.append(f"| {level} | {name} | {repeats} | {shown} | {accept} | {verdicts} "
+                         f"| {ratio:.3f} |")  # fmt: skip
+    checks = [f"- API key, {p['algo']}: {p['key_check']}" for p in passes if p.get("key_check")]
+    return lines + (["", *checks] if checks else [])

@@ -3,6 +3,7 @@ the prompts' lengths and the configs of each model size."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -279,3 +280,49 @@ def test_an_api_key_lab_deploys_every_server_with_the_key_the_tool_reads(tmp_pat
     overrides = [a for a in lab._argv([]) if "=" in a]
     assert f"service.api_key_env={run.LAB_KEY_VAR}" in overrides
     assert compose_config(overrides).service.api_key_env == run.LAB_KEY_VAR
+
+
+def test_passes_after_round_0_last_the_pass_time_at_dflash_s_round_0_speed() -> None:
+    assert run.pass_repeats(32, 16, None) == 2  # round 0: 32 requests in flight at least
+    assert run.pass_repeats(1, 16, None) == 1
+    warm = {"repeats": 2, "tokens": 16384, "tokens_per_s": 8000.0}  # 8192 tokens a repeat
+    assert run.pass_repeats(32, 16, warm) == math.ceil(run.OVERHEAD_PASS_S * 8000 / 8192)
+    slow = {"repeats": 1, "tokens": 4096, "tokens_per_s": 100.0}
+    assert run.pass_repeats(32, 16, slow) == 2  # never fewer than keep 32 in flight
+    fast = {"repeats": 1, "tokens": 10, "tokens_per_s": 1e6}
+    assert run.pass_repeats(1, 16, fast) == run.OVERHEAD_MAX_REPEATS
+
+
+def test_the_interleaved_comparison_serves_dflash_first_then_shadow_then_each_budget() -> None:
+    cells = run.overhead_cells(["15", "63"])
+    assert list(cells) == ["dflash", "ddtree_shadow", "ddtree-15", "ddtree-63"]
+    assert cells["ddtree-63"] == ["algo=ddtree", "algo.budget=63"]
+    assert compose_config(cells["ddtree-63"]).algo.budget == 63
+
+
+def test_the_interleaved_comparison_rotates_its_order_and_sizes_later_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 0 goes DFLASH first at the fewest passes; every later round rotates the order and
+    runs as many passes as DFLASH's round 0 says make OVERHEAD_PASS_S of generation."""
+    figures = {"exit": 0, "gates": {}, "tokens": 4096, "tokens_per_s": 4096.0}
+    monkeypatch.setattr(run, "summarize", lambda report, code: dict(figures))
+    lab = _Lab(tmp_path, size="trained")
+    lab.prompts = 16
+    passes: list[dict[str, object]] = []
+    run.run_overhead(lab, 2, [], ["15"], passes, lambda: None)
+    names = [name for name, _ in lab.calls]
+    per_level = len(run.OVERHEAD_CONCURRENCY) * 3
+    assert names[:3] == ["overhead-r0-c1-dflash", "overhead-r0-c1-ddtree_shadow",
+                         "overhead-r0-c1-ddtree-15"]  # fmt: skip
+    assert names[per_level : per_level + 3] == ["overhead-r1-c1-ddtree_shadow",
+                                                "overhead-r1-c1-ddtree-15", "overhead-r1-c1-dflash"]  # fmt: skip
+    repeats = {name: [o for o in overrides if o.startswith("validation.repeats=")]
+               for name, overrides in lab.calls}  # fmt: skip
+    assert repeats["overhead-r0-c32-ddtree-15"] == ["validation.repeats=2"]
+    # Every pass reports 4096 tokens at 4096 tok/s: one second at batch 1 over one prompt-set
+    # pass, so OVERHEAD_PASS_S passes; at 32 in flight round 0 made two, so twice as many.
+    passes_s = math.ceil(run.OVERHEAD_PASS_S)
+    assert repeats["overhead-r1-c1-ddtree-15"] == [f"validation.repeats={passes_s}"]
+    assert repeats["overhead-r1-c32-dflash"] == [f"validation.repeats={2 * passes_s}"]
+    assert [p["algo"] for p in passes[:3]] == ["dflash", "ddtree_shadow", "ddtree-15"]

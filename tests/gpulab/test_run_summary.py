@@ -66,21 +66,29 @@ def test_table_notes_each_cells_api_key_check() -> None:
 
 
 def test_overhead_table_pairs_warm_rounds() -> None:
-    def one(algo: str, rnd: int, tps: float) -> dict[str, object]:
-        gates = {"shadow_linear": "passed"} if algo == "ddtree_shadow" else {"baseline": "passed"}
+    def one(algo: str, rnd: int, tps: float, gate: str = "passed") -> dict[str, object]:
+        gates = {"dflash": {"baseline": "passed"}, "ddtree_shadow": {"shadow_linear": gate},
+                 "ddtree-15": {"tree": gate}}[algo]  # fmt: skip
+        gap = {"max_gap": 0.125} if algo == "ddtree-15" else {}
         return {"algo": algo, "round": rnd, "concurrency": 1, "tokens_per_s": tps,
-                "step_ms": 3.0, "gates": gates}  # fmt: skip
+                "step_ms": 3.0, "gates": gates, "repeats": 1 if rnd == 0 else 6,
+                "accept_length": 3.5, **gap}  # fmt: skip
 
     passes = [
-        one("dflash", 0, 50.0), one("ddtree_shadow", 0, 95.0),  # round 0: cold, not paired
-        one("ddtree_shadow", 1, 90.0), one("dflash", 1, 80.0),
-        one("dflash", 2, 110.0), one("ddtree_shadow", 2, 99.0),
-        one("dflash", 3, 100.0), one("ddtree_shadow", 3, 95.0),
+        {"algo": "dflash", "start_s": 40.0, "key_check": "clean (4 processes)"},
+        one("dflash", 0, 50.0), one("ddtree_shadow", 0, 95.0), one("ddtree-15", 0, 20.0),
+        one("ddtree_shadow", 1, 90.0), one("ddtree-15", 1, 96.0, "failed"), one("dflash", 1, 80.0),
+        one("ddtree-15", 2, 121.0), one("dflash", 2, 110.0), one("ddtree_shadow", 2, 99.0),
+        one("dflash", 3, 100.0), one("ddtree_shadow", 3, 95.0), one("ddtree-15", 3, 130.0),
     ]  # fmt: skip
-    (row,) = overhead_table(passes)[2:]
-    # warm paired ratios 1.125, 0.9, 0.95 -> median 0.950 (with round 0's 1.9 it would be 1.0375)
-    assert row.endswith("| passed | 0.950 |")
-    assert row.startswith("| 1 | 50.0 (3.0), 80.0 (3.0), 110.0 (3.0), 100.0 (3.0) | 95.0 (3.0),")
+    dflash, shadow, tree, blank, key = overhead_table(passes)[2:]
+    # shadow: warm paired ratios 1.125, 0.9, 0.95 -> median 0.950 (with round 0's 1.9: 1.0375)
+    assert shadow.endswith("| 3.5 | shadow_linear:passed | 0.950 |")
+    assert shadow.startswith("| 1 | ddtree_shadow | 1/6/6/6 | 95.0 (3.0), 90.0 (3.0),")
+    # tree: 1.2, 1.1, 1.3 -> 1.2; one round's speed gate failed, its worst gap beside the verdict
+    assert tree.endswith("| tree:failed,tree:passed (worst gap 0.125) | 1.200 |")
+    assert dflash.endswith("| baseline:passed | 1.000 |")
+    assert (blank, key) == ("", "- API key, dflash: clean (4 processes)")
 
 
 def test_a_planted_bug_must_fail_on_the_tree_gate() -> None:

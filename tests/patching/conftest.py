@@ -44,6 +44,11 @@ def pristine_root() -> Callable[[str], Path]:
     return root
 
 
+def _kept(release: str) -> tuple[str, str]:
+    """The wheel's folders the cached tree holds (0.5.11 to 0.5.17 also ship `tools/`)."""
+    return "sglang/", f"sglang-{release}.dist-info/"
+
+
 def _unzipped(release: str) -> Path:
     """The cached tree, made race-free: concurrent sessions each unzip aside, one rename wins."""
     target = TREE_CACHE / f"sglang-{release}"
@@ -52,10 +57,7 @@ def _unzipped(release: str) -> Path:
     TREE_CACHE.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".sglang-{release}-", dir=TREE_CACHE))
     with zipfile.ZipFile(wheel_path(release)) as wheel:
-        members = [
-            m for m in wheel.namelist()
-            if m.startswith(("sglang/", f"sglang-{release}.dist-info/"))
-        ]  # fmt: skip
+        members = [m for m in wheel.namelist() if m.startswith(_kept(release))]
         wheel.extractall(staging, members)
     if target.is_dir():  # damaged: move it aside (a session may still be reading it)
         target.rename(staging.with_name(f".damaged-{staging.name}"))
@@ -71,6 +73,9 @@ def _matches_record(site: Path, release: str) -> bool:
     if not record.is_file():
         return False
     for path, digest in parse_record(record.read_text()).items():
+        if not str(path).startswith(_kept(release)):
+            continue  # not unzipped: a sound tree would fail the check, and every session
+            # would unzip it again while another worker copies from it
         file = site / path
         if not file.is_file() or hashlib.sha256(file.read_bytes()).hexdigest() != digest:
             return False

@@ -174,3 +174,22 @@ def test_scoring_asks_each_prompt_s_ids_once() -> None:
         first, second = sgl.score("Hi", (1, 2)), sgl.score("Hi", (3,))
     assert asked == ["text", "ids", "ids"]
     assert [s.token for s in (*first, *second)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_measurement_goes_on_in_rounds_of_passes_until_it_lasted_min_pass_s(
+    local_standin: LocalStandin, concurrency: int
+) -> None:
+    """Run 12 on the H200: passes at 32 in flight lasted 0.65 s, and tune promoted on them."""
+    with client(local_standin) as sgl:
+        once = measure(
+            sgl, PROMPTS[:1], label="t", repeats=1, timeout_s=120, concurrency=concurrency
+        )
+        one_pass_s = once.elapsed_s
+        assert one_pass_s is not None
+        got = measure(sgl, PROMPTS[:1], label="t", repeats=1, timeout_s=120,
+                      concurrency=concurrency, min_pass_s=2.5 * one_pass_s)  # fmt: skip
+    assert got.elapsed_s is not None and got.elapsed_s >= 2.5 * one_pass_s
+    assert [r.repeat for r in got.results] == list(range(len(got.results)))
+    assert len(got.results) >= 3  # more passes than asked for, numbered on
+    assert {r.output_ids for r in got.results} == {once.results[0].output_ids}
