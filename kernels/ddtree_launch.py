@@ -8,8 +8,8 @@ instead: it takes the key out of the environment variable `VAR` (set by the 0600
 file) and executes itself again, in the same process, with `VAR` gone from the environment and
 the key in a pipe whose descriptor it names (`--api-key-fd N`). Removing `VAR` alone is not
 enough: `/proc/<pid>/environ` shows the environment a program was started with, whatever it
-unsets later, and every process forked from it without an exec shows the same (on the GPU lab's
-SGLang 0.5.11 one such process of the server's group held the key). The second start reads the
+unsets later, and every process forked from it without an exec shows the same. The second
+start reads the
 key from the pipe, appends `--api-key` to `sys.argv` in this process (a change to `sys.argv`
 never reaches `/proc/<pid>/cmdline`), and runs `MODULE` as `__main__`, as `python -m MODULE`
 would. SGLang logs its whole `ServerArgs` at start, key included, so every log record of this

@@ -135,7 +135,11 @@ def _delete_netns(ns: NetNS) -> None:
     """Remove the veth (gone already if its peer's namespace went) and the namespace."""
     run(["ip", "link", "del", ns.host_veth], check=False)
     if ns.path.exists():
-        run(["ip", "netns", "del", ns.name])
+        deleted = run(["ip", "netns", "del", ns.name], check=False)
+        # Two workers sweeping one stale lease race here: gone is what either wanted.
+        if deleted.returncode != 0 and ns.path.exists():
+            raise HostlabError(f"ip netns del {ns.name} exited {deleted.returncode}: "
+                               f"{deleted.stderr.strip()[-2000:]}")  # fmt: skip
 
 
 def sweep_stale() -> None:

@@ -120,3 +120,24 @@ def test_debian_mirror_reads_one_line_and_deb822_sources(tmp_path: Path) -> None
         "Suites: bookworm bookworm-updates\nComponents: main\n"
     )
     assert debian_mirror(tmp_path) == "http://two.invalid/debian"
+
+
+def test_a_namespace_another_worker_deleted_first_is_released_without_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two xdist workers sweeping one stale lease (a killed earlier run's) both delete its
+    namespace; the one that comes second must not fail its container's boot."""
+    from hostlab import netns
+
+    ns = netns.NetNS(f"ddt-race-{uuid.uuid4().hex[:6]}", 250)
+    netns.run(["ip", "netns", "add", ns.name])
+    real_run = netns.run
+
+    def other_worker_first(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        if argv[:3] == ["ip", "netns", "del"]:
+            real_run(argv)  # the other worker's delete lands between our check and ours
+        return real_run(argv, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(netns, "run", other_worker_first)
+    netns._delete_netns(ns)
+    assert not ns.path.exists()
