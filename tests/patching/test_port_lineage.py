@@ -100,11 +100,10 @@ LINEAGES = (
     # commit in a flag set at init; SpecInput's token scaling became a function; the Mamba pools
     # moved to mem_cache/kv_cache_configurator.py; dflash_utils' sampled-verify tail, the context
     # of 0004's scoring-request helpers, changed. It asks is_dflash_family() at most runtime
-    # gates, so most of its new sites are widened. 0.5.15's set is on the v2 design
-    # (THIN-SETS.md) and 0.5.16's is not yet: the worker's import hunk (1) reaches the spec_info
-    # import and fails on 0.5.16's imports, its hunks after the accept one shift by one (the
-    # Mamba commit hunk is 15, 42 hunks in all), and 0006 (the backend check moved into 0002's
-    # call) differs though it lands; the failed hunks are the same ones.
+    # gates, so most of its new sites are widened. Both sets are on the v2 design (THIN-SETS.md),
+    # so the patches that land port to 0.5.16's as they are (0006 too, its backend check being
+    # in 0002's call in both); the worker's import hunk (1) reaches the spec_info import and
+    # fails on 0.5.16's imports, its Mamba commit hunk is 15 (42 hunks in all).
     Lineage(
         "0.5.15",
         "0.5.16",
@@ -140,7 +139,6 @@ LINEAGES = (
             },
         },
         unreviewed={"widened": 14, "covered": 2, "dflash-only": 1},
-        also_rewritten=(BACKEND,),
         hunks=42,
     ),
     # 0.5.17: the server-args fields carry NS("spec") (published into its config bags); the worker
@@ -150,7 +148,11 @@ LINEAGES = (
     # needed a deep copy of the read-only server args, the draft runner's spec-bag scope and the
     # grammar refusal. New sites: string gates around the
     # ReplaySSM spec-verify and lazy Mamba caching (covered), grammar overlap, an NPU verify layout
-    # and two gates 0.5.17 rewrote (widened).
+    # and two gates 0.5.17 rewrote (widened). 0.5.16's set is on the v2 design (THIN-SETS.md) and
+    # 0.5.17's is not yet: 0001 (the module's loader) and 0006 (the backend check moved into
+    # 0002's call) differ though they land, and the worker's spec_info import hunk (2) fails on
+    # 0.5.17's imports; its draft-tokens hunk (13, without the window's slots, now the verify
+    # step's) lands with fuzz, and its accept hunk is 15.
     Lineage(
         "0.5.16",
         "0.5.17",
@@ -158,11 +160,11 @@ LINEAGES = (
             (SERVER_ARGS, "server_args.py", 1): "context line '] = None' does not match line "
             "2027 ('NS(\"spec\"),') at the closest match (4 of 7 lines)",
             (WORKER, "dflash_worker_v2.py", 1): "context line ')' does not match line 31 ('from "
-            "sglang.srt.server_args import ServerArgs') at the closest match (8 of 14 lines)",
-            (WORKER, "dflash_worker_v2.py", 12): "context line 'lm_head=lm_head,' does not match "
-            "line 1649 ('draft_tokens[:, 1:].copy_(draft_next)') at the closest match (18 of 24 "
-            "lines)",
-            (WORKER, "dflash_worker_v2.py", 13): "context line 'candidates = draft_tokens' does "
+            "sglang.srt.server_args import ServerArgs') at the closest match (7 of 13 lines)",
+            (WORKER, "dflash_worker_v2.py", 2): _absent(
+                "from sglang.srt.speculative.spec_utils import assign_req_to_token_pool_func"
+            ),
+            (WORKER, "dflash_worker_v2.py", 15): "context line 'candidates = draft_tokens' does "
             "not match line 1718 ('# Constrain every chain position before accept picks from "
             "it.') at the closest match (6 of 12 lines)",
             (HELPERS, "dflash_utils.py", 2): _absent(
@@ -176,6 +178,7 @@ LINEAGES = (
             },
         },
         unreviewed={"covered": 3, "widened": 4},
+        also_rewritten=(ENUM, BACKEND),
         hunks=44,
     ),
     # 0.5.18: spec_utils and the KV-cache configurator read the spec bag and runtime_context's
