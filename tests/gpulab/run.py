@@ -24,12 +24,13 @@ validate must fail; the table says whether it did, and whether the plant was in 
 `--api-key`: every server is deployed with an API key (`service.api_key_env`), started through
 the product's launcher as its unit would start it; once healthy, each cell records whether the
 key shows on any command line or in any environment of its process group (the server's own
-included), in its log, and whether a request without the key is refused (issue 26's check on a real server).
+included), in its log, and whether a request without the key is refused (issue 26's check on a
+real server).
 
 `--overhead N`: DFLASH, shadow_linear and a tree per `--budgets` entry served side by side on
 the attention target, their passes interleaved over N rounds at 1, 8 and 32 requests in flight
-(the order rotating per round; after round 0 each pass lasts about OVERHEAD_PASS_S): shadow_linear's
-cost and each tree's speed over DFLASH, as medians of paired rounds.
+(the order rotating per round; after round 0 each pass lasts about OVERHEAD_PASS_S):
+shadow_linear's cost and each tree's speed over DFLASH, as medians of paired rounds.
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
 (tune_lab.py judges and tables it with the product's code).
 
@@ -609,12 +610,22 @@ def serve_together(lab: Lab, plan: TargetCells, save: Callable[[], None]) -> Non
             lab.stop(server)
 
 
+def in_flight_repeats(level: int, prompts: int) -> int:
+    """The fewest passes over `prompts` prompts that keep `level` requests in flight."""
+    return -(-level // prompts)
+
+
+def validation_overrides(level: int, repeats: int) -> list[str]:
+    """`repeats` passes with `level` requests in flight (1: one after another)."""
+    return [f"validation.repeats={repeats}"] + (
+        [f"validation.concurrency={level}"] if level > 1 else []
+    )
+
+
 def concurrency_overrides(level: int, prompts: int) -> list[str]:
     """`level` requests in flight; at least `level` requests, as passes over `prompts` prompts
     (four passes at batch 1)."""
-    if level == 1:
-        return ["validation.repeats=4"]
-    return [f"validation.concurrency={level}", f"validation.repeats={-(-level // prompts)}"]
+    return validation_overrides(level, 4 if level == 1 else in_flight_repeats(level, prompts))
 
 
 def overhead_cells(budgets: Sequence[str]) -> dict[str, list[str]]:
@@ -629,8 +640,8 @@ def pass_repeats(level: int, prompts: int, warm: dict[str, Any] | None) -> int:
     """Passes over the prompt set in one measured pass at `level` in flight: round 0 takes the
     fewest that keep `level` requests in flight; later rounds as many as make OVERHEAD_PASS_S of
     generation at the speed DFLASH's round-0 pass (`warm`) showed (run 12's passes at 32 in
-    flight lasted 0.8 to 2 s on the trained pair: too short to compare)."""
-    least = -(-level // prompts)
+    flight lasted 0.65 to 2 s on the trained pair: too short to compare)."""
+    least = in_flight_repeats(level, prompts)
     if not warm or not warm.get("tokens") or not warm.get("tokens_per_s"):
         return least
     per_repeat = warm["tokens"] / warm["repeats"]
@@ -667,9 +678,7 @@ def run_overhead(
         for rnd in range(rounds):
             for level in OVERHEAD_CONCURRENCY:
                 repeats = pass_repeats(level, lab.prompts, warm.get(level))
-                more = [f"validation.repeats={repeats}"]
-                if level > 1:
-                    more.append(f"validation.concurrency={level}")
+                more = validation_overrides(level, repeats)
                 shift = rnd % len(order)
                 for name in order[shift:] + order[:shift]:
                     step = lab.tool(f"overhead-r{rnd}-c{level}-{name}", *cells[name], *more,
