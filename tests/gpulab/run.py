@@ -41,6 +41,7 @@ server log). The tables are printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -70,6 +71,7 @@ LAB_KEY_VAR = "DDTREE_LAB_API_KEY"  # --api-key: where the tool reads the key (s
 OVERHEAD_PASS_S = 6.0  # generation per measured pass after round 0 (run 2: 1 s spread 20-30%)
 OVERHEAD_MAX_REPEATS = 64
 START_TIMEOUT_S = 420
+STOP_GRACE_S = 15
 TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
 PLANT = REPO / "tests" / "standin" / "plant"  # its sitecustomize plants the bug
 PLANTED_BUG = "wrong_child"  # what DDTREE_LAB_PLANTED_BUG names
@@ -365,19 +367,21 @@ class Lab:
         self.stop(server)
         return None, f"no /health 200 within {START_TIMEOUT_S} s"
 
-    def stop(self, server: Server) -> None:
-        """SIGTERM the server's process group (scheduler, detokenizer), SIGKILL after 30 s."""
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(server.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                server.process.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        (self.pgids / str(server.process.pid)).unlink(missing_ok=True)
+    def stop(self, *servers: Server) -> None:
+        """SIGTERM the servers' process groups (scheduler, detokenizer) at once, SIGKILL the
+        groups still there after STOP_GRACE_S: stopping five servers one by one at 30 s each
+        outlasted a device call (run 13)."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            live = [s for s in servers if s.process.poll() is None]
+            for server in live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.process.pid, sig)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for server in live:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    server.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for server in servers:
+            (self.pgids / str(server.process.pid)).unlink(missing_ok=True)
 
 
 @dataclass
@@ -606,8 +610,7 @@ def serve_together(lab: Lab, plan: TargetCells, save: Callable[[], None]) -> Non
         for i, server in enumerate(servers):
             plan.finish(i, server)
     finally:
-        for server in servers:
-            lab.stop(server)
+        lab.stop(*servers)
 
 
 def in_flight_repeats(level: int, prompts: int) -> int:
@@ -656,11 +659,12 @@ def run_overhead(
     budgets: Sequence[str],
     passes: list[dict[str, Any]],
     save: Callable[[], None],
+    levels: Sequence[int] | None = None,
 ) -> None:
     """DDTree's cost and speed against DFLASH: DFLASH, shadow_linear and a tree per budget,
     served at once on the attention target, their validate passes interleaved at each
-    concurrency (the order rotates per round, so drift of the machine falls on all alike, and
-    each pass at a level does the same work)."""
+    concurrency of `levels` (default OVERHEAD_CONCURRENCY; the order rotates per round, so
+    drift of the machine falls on all alike, and each pass at a level does the same work)."""
     shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
     cells = {name: [*shared, *algo, f"service.port={30000 + i}"]
              for i, (name, algo) in enumerate(overhead_cells(budgets).items())}  # fmt: skip
@@ -676,10 +680,13 @@ def run_overhead(
         warm: dict[int, dict[str, Any]] = {}
         order = list(cells)
         for rnd in range(rounds):
-            for level in OVERHEAD_CONCURRENCY:
+            for level in dict.fromkeys(levels or OVERHEAD_CONCURRENCY):
                 repeats = pass_repeats(level, lab.prompts, warm.get(level))
                 more = validation_overrides(level, repeats)
-                shift = rnd % len(order)
+                # Round 0 sizes the passes; round 1 is the first at the new sizes, and the
+                # trees' gates need DFLASH's stored baseline at those, so it goes DFLASH first
+                # (run 13's rotated round 1 found none). Later rounds rotate from there.
+                shift = max(rnd - 1, 0) % len(order)
                 for name in order[shift:] + order[:shift]:
                     step = lab.tool(f"overhead-r{rnd}-c{level}-{name}", *cells[name], *more,
                                     "action=validate")  # fmt: skip
@@ -690,8 +697,7 @@ def run_overhead(
                         warm[level] = {"repeats": repeats, **run}
             save()
     finally:
-        for server in servers.values():
-            lab.stop(server)
+        lab.stop(*servers.values())
 
 
 def run_tune(
@@ -740,8 +746,7 @@ def run_tune(
                 sweep.append(entry)
                 save()
         finally:
-            for *_, server in served:
-                lab.stop(server)
+            lab.stop(*(server for *_, server in served))
     (lab.out / "tune-sweep.json").write_text(json.dumps(sweep))
     report = _run([*tune_lab, "report", str(lab.out / "tune-sweep.json"), str(lab.out / "tune"),
                    *lab._argv([*shared, "action=tune"])[1:]])  # fmt: skip
@@ -799,8 +804,10 @@ def main() -> int:
     parser.add_argument(
         "--together", default="", help="targets whose cells are served at once, e.g. attention"
     )
-    parser.add_argument("--in-flight", default=IN_FLIGHT,
-                        help="the batched passes' requests in flight, e.g. 8,32")  # fmt: skip
+    parser.add_argument("--in-flight",
+                        help=f"the batched passes' requests in flight, e.g. 8,32 (default "
+                        f"{IN_FLIGHT}; with --overhead, batch 1 and these, default "
+                        f"{','.join(map(str, OVERHEAD_CONCURRENCY))})")  # fmt: skip
     parser.add_argument("--toy", action="store_true",
                         help="--size trained at train.py's toy sizes: seconds, to check serving")  # fmt: skip
     parser.add_argument("--api-key", action="store_true",
@@ -849,7 +856,8 @@ def main() -> int:
         pass
     elif args.overhead:
         budgets = [b for b in args.budgets.split(",") if b]
-        run_overhead(lab, args.overhead, base, budgets, results["overhead"], save)
+        levels = (1, *in_flight_levels(args.in_flight)) if args.in_flight else None
+        run_overhead(lab, args.overhead, base, budgets, results["overhead"], save, levels)
     elif args.tune:
         results["tune_sweep"] = []
         results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
@@ -858,6 +866,11 @@ def main() -> int:
     save()
     print((args.out / "results.md").read_text())
     return 0
+
+
+def in_flight_levels(option: str) -> list[int]:
+    """--in-flight's levels: "8,32" -> [8, 32]."""
+    return [int(level) for level in option.split(",") if level]
 
 
 def run_matrix(
@@ -871,7 +884,7 @@ def run_matrix(
     budgets = [b for b in args.budgets.split(",") if b]
     specs = plan_cells(args.algos.split(","), budgets, planted=args.planted_bug, batched=batched)
     together = set(args.together.split(",")) if args.together else set()
-    in_flight = [int(level) for level in args.in_flight.split(",") if level]
+    in_flight = in_flight_levels(args.in_flight or IN_FLIGHT)
     for target in args.targets.split(","):
         run_cells(lab, target, specs, base, cells, save, together=target in together,
                   in_flight=in_flight)  # fmt: skip
