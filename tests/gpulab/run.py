@@ -54,6 +54,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ from typing import Any
 import httpx
 import yaml
 from tables import render_table, summarize
+from timeline import read_trace, summarize_trace
 
 REPO = Path(__file__).resolve().parents[2]
 ALGOS = ("dflash", "ddtree_shadow", "ddtree")
@@ -72,6 +74,9 @@ OVERHEAD_PASS_S = 6.0  # generation per measured pass after round 0 (run 2: 1 s 
 OVERHEAD_MAX_REPEATS = 64
 START_TIMEOUT_S = 420
 STOP_GRACE_S = 15
+PROFILE_STEPS = 40  # decode steps a profiled server records (--profile)
+PROFILE_TOKENS = 512  # one batch-1 answer long enough for those steps at any acceptance
+PROFILE_WAIT_S = 240  # for SGLang to export a trace with Python stacks
 TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
 PLANT = REPO / "tests" / "standin" / "plant"  # its sitecustomize plants the bug
 PLANTED_BUG = "wrong_child"  # what DDTREE_LAB_PLANTED_BUG names
@@ -660,6 +665,7 @@ def run_overhead(
     passes: list[dict[str, Any]],
     save: Callable[[], None],
     levels: Sequence[int] | None = None,
+    timelines: dict[str, Any] | None = None,
 ) -> None:
     """DDTree's cost and speed against DFLASH: DFLASH, shadow_linear and a tree per budget,
     served at once on the attention target, their validate passes interleaved at each
@@ -696,8 +702,45 @@ def run_overhead(
                     if rnd == 0 and name == "dflash":
                         warm[level] = {"repeats": repeats, **run}
             save()
+        if timelines is not None:
+            for name, server in servers.items():
+                timelines[name] = profile_server(lab, name, server)
+                save()
     finally:
         lab.stop(*servers.values())
+
+
+def profile_server(lab: Lab, name: str, server: Server) -> dict[str, Any] | str:
+    """Issue 22's timeline of one live server: SGLang's own /start_profile (CPU and GPU, Python
+    stacks) over PROFILE_STEPS steps of one batch-1 answer, the trace summarised here
+    (timeline.py) and only the summary kept; or why there is none."""
+    folder = lab.root / "profiles" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    url = f"http://127.0.0.1:{server.port}"
+    headers = {"Authorization": f"Bearer {lab.api_key}"} if lab.api_key else {}
+    request = {"output_dir": str(folder), "num_steps": PROFILE_STEPS,
+               "activities": ["CPU", "GPU"], "with_stack": True}  # fmt: skip
+    answer = {"text": "def main(argv):", "sampling_params": {
+        "temperature": 0, "max_new_tokens": PROFILE_TOKENS, "ignore_eos": True}}  # fmt: skip
+    # Some releases answer /start_profile only once the steps are recorded: ask in a thread.
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(httpx.post, f"{url}/start_profile", json=request, headers=headers,
+                              timeout=PROFILE_WAIT_S)  # fmt: skip
+        time.sleep(2)
+        try:
+            httpx.post(f"{url}/generate", json=answer, headers=headers, timeout=PROFILE_WAIT_S)
+            started.result()
+        except httpx.HTTPError as error:
+            return f"no profile: {type(error).__name__}"
+    deadline = time.monotonic() + PROFILE_WAIT_S
+    while not (traces := sorted(folder.glob("*.trace.json.gz"))) and time.monotonic() < deadline:
+        time.sleep(2)
+    if not traces:
+        return f"no trace within {PROFILE_WAIT_S} s"
+    time.sleep(5)  # the export may still be writing
+    timeline = summarize_trace(read_trace(traces[0]))
+    return asdict(timeline) if timeline else "fewer than two steps in the trace"
 
 
 def run_tune(
@@ -800,6 +843,9 @@ def main() -> int:
     parser.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
                         help="only the interleaved table: shadow_linear and the --budgets trees "
                         "against DFLASH")  # fmt: skip
+    parser.add_argument("--profile", action="store_true",
+                        help="with --overhead: then each server's step timeline from SGLang's "
+                        "/start_profile (issue 22)")  # fmt: skip
     parser.add_argument("--tune", action="store_true", help="only the tune sweep (attention)")
     parser.add_argument(
         "--together", default="", help="targets whose cells are served at once, e.g. attention"
@@ -818,6 +864,8 @@ def main() -> int:
     targets = ["attention"] if args.overhead or args.tune else args.targets.split(",")
     if args.size == "trained" and targets != ["attention"]:
         parser.error("--size trained has one target: give --targets attention")
+    if args.profile and not args.overhead:
+        parser.error("--profile profiles the interleaved comparison's servers: add --overhead 1")
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
@@ -857,7 +905,9 @@ def main() -> int:
     elif args.overhead:
         budgets = [b for b in args.budgets.split(",") if b]
         levels = (1, *in_flight_levels(args.in_flight)) if args.in_flight else None
-        run_overhead(lab, args.overhead, base, budgets, results["overhead"], save, levels)
+        timelines = results.setdefault("timeline", {}) if args.profile else None
+        run_overhead(lab, args.overhead, base, budgets, results["overhead"], save, levels,
+                     timelines)  # fmt: skip
     elif args.tune:
         results["tune_sweep"] = []
         results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
