@@ -733,12 +733,15 @@ def profile_server(lab: Lab, name: str, server: Server) -> dict[str, Any] | str:
             started.result()
         except httpx.HTTPError as error:
             return f"no profile: {type(error).__name__}"
-    deadline = time.monotonic() + PROFILE_WAIT_S
-    while not (traces := sorted(folder.glob("*.trace.json.gz"))) and time.monotonic() < deadline:
+    deadline, sizes = time.monotonic() + PROFILE_WAIT_S, [-1]
+    while time.monotonic() < deadline:  # until the export stops growing
+        traces = sorted(folder.glob("*.trace.json.gz"))
+        sizes.append(traces[0].stat().st_size if traces else -1)
+        if sizes[-1] > 0 and sizes[-1] == sizes[-2]:
+            break
         time.sleep(2)
-    if not traces:
-        return f"no trace within {PROFILE_WAIT_S} s"
-    time.sleep(5)  # the export may still be writing
+    else:
+        return f"no finished trace within {PROFILE_WAIT_S} s"
     timeline = summarize_trace(read_trace(traces[0]))
     return asdict(timeline) if timeline else "fewer than two steps in the trace"
 
