@@ -166,8 +166,8 @@ def measure(
     done = 0
     while prompts and (done == 0 or generating < min_pass_s):
         passes = range(done, done + repeats)
-        start = time.perf_counter()
         if concurrency > 1:
+            start = time.perf_counter()
             work = [(prompt, repeat) for repeat in passes for prompt in prompts]
             with ThreadPoolExecutor(max_workers=concurrency) as pool:
                 results += pool.map(lambda item: answer(*item), work)

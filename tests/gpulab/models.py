@@ -132,7 +132,8 @@ def qwen3_5_config(
     `rope_parameters` (utils/hf_transformers/common.py `get_rope_config` reads its rope_theta),
     with no `mrope_section`: positions are plain token positions, as the Qwen3-Next's are. The vision tower SGLang builds
     from `vision_config` is the smallest that constructs (the lab writes no vision weights, so
-    it stays as allocated and text never runs it).
+    it stays as allocated; text never runs it, and the lab's servers skip SGLang's warmup,
+    which would send it an image).
     """
     kinds = ["full_attention" if (i + 1) % attention_interval == 0 else "linear_attention"
              for i in range(layers)]  # fmt: skip

@@ -24,12 +24,13 @@ validate must fail; the table says whether it did, and whether the plant was in 
 `--api-key`: every server is deployed with an API key (`service.api_key_env`), started through
 the product's launcher as its unit would start it; once healthy, each cell records whether the
 key shows on any command line or in any environment of its process group (the server's own
-included), in its log, and whether a request without the key is refused (issue 26's check on a real server).
+included), in its log, and whether a request without the key is refused (issue 26's check on a
+real server).
 
 `--overhead N`: DFLASH, shadow_linear and a tree per `--budgets` entry served side by side on
 the attention target, their passes interleaved over N rounds at 1, 8 and 32 requests in flight
-(the order rotating per round; after round 0 each pass lasts about OVERHEAD_PASS_S): shadow_linear's
-cost and each tree's speed over DFLASH, as medians of paired rounds.
+(the order rotating per round; after round 0 each pass lasts about OVERHEAD_PASS_S):
+shadow_linear's cost and each tree's speed over DFLASH, as medians of paired rounds.
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
 (tune_lab.py judges and tables it with the product's code).
 
@@ -40,6 +41,7 @@ server log). The tables are printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -52,6 +54,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,7 @@ from typing import Any
 import httpx
 import yaml
 from tables import render_table, summarize
+from timeline import read_trace, summarize_trace
 
 REPO = Path(__file__).resolve().parents[2]
 ALGOS = ("dflash", "ddtree_shadow", "ddtree")
@@ -69,6 +73,10 @@ LAB_KEY_VAR = "DDTREE_LAB_API_KEY"  # --api-key: where the tool reads the key (s
 OVERHEAD_PASS_S = 6.0  # generation per measured pass after round 0 (run 2: 1 s spread 20-30%)
 OVERHEAD_MAX_REPEATS = 64
 START_TIMEOUT_S = 420
+STOP_GRACE_S = 15
+PROFILE_STEPS = 40  # decode steps a profiled server records (--profile)
+PROFILE_TOKENS = 512  # one batch-1 answer long enough for those steps at any acceptance
+PROFILE_WAIT_S = 240  # for SGLang to export a trace with Python stacks
 TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
 PLANT = REPO / "tests" / "standin" / "plant"  # its sitecustomize plants the bug
 PLANTED_BUG = "wrong_child"  # what DDTREE_LAB_PLANTED_BUG names
@@ -364,19 +372,21 @@ class Lab:
         self.stop(server)
         return None, f"no /health 200 within {START_TIMEOUT_S} s"
 
-    def stop(self, server: Server) -> None:
-        """SIGTERM the server's process group (scheduler, detokenizer), SIGKILL after 30 s."""
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(server.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                server.process.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        (self.pgids / str(server.process.pid)).unlink(missing_ok=True)
+    def stop(self, *servers: Server) -> None:
+        """SIGTERM the servers' process groups (scheduler, detokenizer) at once, SIGKILL the
+        groups still there after STOP_GRACE_S: stopping five servers one by one at 30 s each
+        outlasted a device call (run 13)."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            live = [s for s in servers if s.process.poll() is None]
+            for server in live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.process.pid, sig)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for server in live:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    server.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for server in servers:
+            (self.pgids / str(server.process.pid)).unlink(missing_ok=True)
 
 
 @dataclass
@@ -605,16 +615,25 @@ def serve_together(lab: Lab, plan: TargetCells, save: Callable[[], None]) -> Non
         for i, server in enumerate(servers):
             plan.finish(i, server)
     finally:
-        for server in servers:
-            lab.stop(server)
+        lab.stop(*servers)
+
+
+def in_flight_repeats(level: int, prompts: int) -> int:
+    """The fewest passes over `prompts` prompts that keep `level` requests in flight."""
+    return -(-level // prompts)
+
+
+def validation_overrides(level: int, repeats: int) -> list[str]:
+    """`repeats` passes with `level` requests in flight (1: one after another)."""
+    return [f"validation.repeats={repeats}"] + (
+        [f"validation.concurrency={level}"] if level > 1 else []
+    )
 
 
 def concurrency_overrides(level: int, prompts: int) -> list[str]:
     """`level` requests in flight; at least `level` requests, as passes over `prompts` prompts
     (four passes at batch 1)."""
-    if level == 1:
-        return ["validation.repeats=4"]
-    return [f"validation.concurrency={level}", f"validation.repeats={-(-level // prompts)}"]
+    return validation_overrides(level, 4 if level == 1 else in_flight_repeats(level, prompts))
 
 
 def overhead_cells(budgets: Sequence[str]) -> dict[str, list[str]]:
@@ -629,8 +648,8 @@ def pass_repeats(level: int, prompts: int, warm: dict[str, Any] | None) -> int:
     """Passes over the prompt set in one measured pass at `level` in flight: round 0 takes the
     fewest that keep `level` requests in flight; later rounds as many as make OVERHEAD_PASS_S of
     generation at the speed DFLASH's round-0 pass (`warm`) showed (run 12's passes at 32 in
-    flight lasted 0.8 to 2 s on the trained pair: too short to compare)."""
-    least = -(-level // prompts)
+    flight lasted 0.65 to 2 s on the trained pair: too short to compare)."""
+    least = in_flight_repeats(level, prompts)
     if not warm or not warm.get("tokens") or not warm.get("tokens_per_s"):
         return least
     per_repeat = warm["tokens"] / warm["repeats"]
@@ -645,11 +664,13 @@ def run_overhead(
     budgets: Sequence[str],
     passes: list[dict[str, Any]],
     save: Callable[[], None],
+    levels: Sequence[int] | None = None,
+    timelines: dict[str, Any] | None = None,
 ) -> None:
     """DDTree's cost and speed against DFLASH: DFLASH, shadow_linear and a tree per budget,
     served at once on the attention target, their validate passes interleaved at each
-    concurrency (the order rotates per round, so drift of the machine falls on all alike, and
-    each pass at a level does the same work)."""
+    concurrency of `levels` (default OVERHEAD_CONCURRENCY; the order rotates per round, so
+    drift of the machine falls on all alike, and each pass at a level does the same work)."""
     shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
     cells = {name: [*shared, *algo, f"service.port={30000 + i}"]
              for i, (name, algo) in enumerate(overhead_cells(budgets).items())}  # fmt: skip
@@ -665,12 +686,13 @@ def run_overhead(
         warm: dict[int, dict[str, Any]] = {}
         order = list(cells)
         for rnd in range(rounds):
-            for level in OVERHEAD_CONCURRENCY:
+            for level in dict.fromkeys(levels or OVERHEAD_CONCURRENCY):
                 repeats = pass_repeats(level, lab.prompts, warm.get(level))
-                more = [f"validation.repeats={repeats}"]
-                if level > 1:
-                    more.append(f"validation.concurrency={level}")
-                shift = rnd % len(order)
+                more = validation_overrides(level, repeats)
+                # Round 0 sizes the passes; round 1 is the first at the new sizes, and the
+                # trees' gates need DFLASH's stored baseline at those, so it goes DFLASH first
+                # (run 13's rotated round 1 found none). Later rounds rotate from there.
+                shift = max(rnd - 1, 0) % len(order)
                 for name in order[shift:] + order[:shift]:
                     step = lab.tool(f"overhead-r{rnd}-c{level}-{name}", *cells[name], *more,
                                     "action=validate")  # fmt: skip
@@ -680,9 +702,48 @@ def run_overhead(
                     if rnd == 0 and name == "dflash":
                         warm[level] = {"repeats": repeats, **run}
             save()
+        if timelines is not None:
+            for name, server in servers.items():
+                timelines[name] = profile_server(lab, name, server)
+                save()
     finally:
-        for server in servers.values():
-            lab.stop(server)
+        lab.stop(*servers.values())
+
+
+def profile_server(lab: Lab, name: str, server: Server) -> dict[str, Any] | str:
+    """Issue 22's timeline of one live server: SGLang's own /start_profile (CPU and GPU, Python
+    stacks) over PROFILE_STEPS steps of one batch-1 answer, the trace summarised here
+    (timeline.py) and only the summary kept; or why there is none."""
+    folder = lab.root / "profiles" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    url = f"http://127.0.0.1:{server.port}"
+    headers = {"Authorization": f"Bearer {lab.api_key}"} if lab.api_key else {}
+    request = {"output_dir": str(folder), "num_steps": PROFILE_STEPS,
+               "activities": ["CPU", "GPU"], "with_stack": True}  # fmt: skip
+    answer = {"text": "def main(argv):", "sampling_params": {
+        "temperature": 0, "max_new_tokens": PROFILE_TOKENS, "ignore_eos": True}}  # fmt: skip
+    # Some releases answer /start_profile only once the steps are recorded: ask in a thread.
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(httpx.post, f"{url}/start_profile", json=request, headers=headers,
+                              timeout=PROFILE_WAIT_S)  # fmt: skip
+        time.sleep(2)
+        try:
+            httpx.post(f"{url}/generate", json=answer, headers=headers, timeout=PROFILE_WAIT_S)
+            started.result()
+        except httpx.HTTPError as error:
+            return f"no profile: {type(error).__name__}"
+    deadline, sizes = time.monotonic() + PROFILE_WAIT_S, [-1]
+    while time.monotonic() < deadline:  # until the export stops growing
+        traces = sorted(folder.glob("*.trace.json.gz"))
+        sizes.append(traces[0].stat().st_size if traces else -1)
+        if sizes[-1] > 0 and sizes[-1] == sizes[-2]:
+            break
+        time.sleep(2)
+    else:
+        return f"no finished trace within {PROFILE_WAIT_S} s"
+    timeline = summarize_trace(read_trace(traces[0]))
+    return asdict(timeline) if timeline else "fewer than two steps in the trace"
 
 
 def run_tune(
@@ -731,8 +792,7 @@ def run_tune(
                 sweep.append(entry)
                 save()
         finally:
-            for *_, server in served:
-                lab.stop(server)
+            lab.stop(*(server for *_, server in served))
     (lab.out / "tune-sweep.json").write_text(json.dumps(sweep))
     report = _run([*tune_lab, "report", str(lab.out / "tune-sweep.json"), str(lab.out / "tune"),
                    *lab._argv([*shared, "action=tune"])[1:]])  # fmt: skip
@@ -786,12 +846,17 @@ def main() -> int:
     parser.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
                         help="only the interleaved table: shadow_linear and the --budgets trees "
                         "against DFLASH")  # fmt: skip
+    parser.add_argument("--profile", action="store_true",
+                        help="with --overhead: then each server's step timeline from SGLang's "
+                        "/start_profile (issue 22)")  # fmt: skip
     parser.add_argument("--tune", action="store_true", help="only the tune sweep (attention)")
     parser.add_argument(
         "--together", default="", help="targets whose cells are served at once, e.g. attention"
     )
-    parser.add_argument("--in-flight", default=IN_FLIGHT,
-                        help="the batched passes' requests in flight, e.g. 8,32")  # fmt: skip
+    parser.add_argument("--in-flight",
+                        help=f"the batched passes' requests in flight, e.g. 8,32 (default "
+                        f"{IN_FLIGHT}; with --overhead, batch 1 and these, default "
+                        f"{','.join(map(str, OVERHEAD_CONCURRENCY))})")  # fmt: skip
     parser.add_argument("--toy", action="store_true",
                         help="--size trained at train.py's toy sizes: seconds, to check serving")  # fmt: skip
     parser.add_argument("--api-key", action="store_true",
@@ -802,6 +867,8 @@ def main() -> int:
     targets = ["attention"] if args.overhead or args.tune else args.targets.split(",")
     if args.size == "trained" and targets != ["attention"]:
         parser.error("--size trained has one target: give --targets attention")
+    if args.profile and not args.overhead:
+        parser.error("--profile profiles the interleaved comparison's servers: add --overhead 1")
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
@@ -840,7 +907,10 @@ def main() -> int:
         pass
     elif args.overhead:
         budgets = [b for b in args.budgets.split(",") if b]
-        run_overhead(lab, args.overhead, base, budgets, results["overhead"], save)
+        levels = (1, *in_flight_levels(args.in_flight)) if args.in_flight else None
+        timelines = results.setdefault("timeline", {}) if args.profile else None
+        run_overhead(lab, args.overhead, base, budgets, results["overhead"], save, levels,
+                     timelines)  # fmt: skip
     elif args.tune:
         results["tune_sweep"] = []
         results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
@@ -849,6 +919,11 @@ def main() -> int:
     save()
     print((args.out / "results.md").read_text())
     return 0
+
+
+def in_flight_levels(option: str) -> list[int]:
+    """--in-flight's levels: "8,32" -> [8, 32]."""
+    return [int(level) for level in option.split(",") if level]
 
 
 def run_matrix(
@@ -862,7 +937,7 @@ def run_matrix(
     budgets = [b for b in args.budgets.split(",") if b]
     specs = plan_cells(args.algos.split(","), budgets, planted=args.planted_bug, batched=batched)
     together = set(args.together.split(",")) if args.together else set()
-    in_flight = [int(level) for level in args.in_flight.split(",") if level]
+    in_flight = in_flight_levels(args.in_flight or IN_FLIGHT)
     for target in args.targets.split(","):
         run_cells(lab, target, specs, base, cells, save, together=target in together,
                   in_flight=in_flight)  # fmt: skip

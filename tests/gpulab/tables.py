@@ -52,6 +52,8 @@ def render_table(results: dict[str, Any]) -> str:
             lines += ["", *speed_table(results["cells"], results["training"])]
     if results.get("overhead"):
         lines += ["", *overhead_table(results["overhead"])]
+    if results.get("timeline"):
+        lines += ["", *timeline_table(results["timeline"])]
     if results.get("tune"):
         lines += ["", results["tune"]]
     return "\n".join(lines) + "\n"
@@ -171,3 +173,27 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
                          f"| {ratio:.3f} |")  # fmt: skip
     checks = [f"- API key, {p['algo']}: {p['key_check']}" for p in passes if p.get("key_check")]
     return lines + (["", *checks] if checks else [])
+
+
+def timeline_table(timelines: dict[str, dict[str, Any] | str]) -> list[str]:
+    """Each profiled server's step (timeline.py's medians, ms), then the speculative functions'
+    inclusive ms per step side by side: where one server's extra host time goes."""
+    lines = ["| server | steps | step ms | worker host ms | GPU busy ms | blocked on GPU ms "
+             "| blocking calls per step |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    profiled = {name: t for name, t in timelines.items() if isinstance(t, dict)}
+    for name, t in timelines.items():
+        if isinstance(t, str):
+            lines.append(f"| {name} | {t} | | | | | |")
+            continue
+        lines.append(f"| {name} | {t['steps']} | {t['step_ms']} | {t['host_ms']} | {t['gpu_ms']} "
+                     f"| {t['sync_ms']} | {t['syncs']} |")  # fmt: skip
+    functions = list(dict.fromkeys(f for t in profiled.values() for f, _ in t["functions"]))
+    if not functions:
+        return lines
+    names = list(profiled)
+    lines += ["", f"| function (inclusive ms per step) | {' | '.join(names)} |",
+              f"|---|{'---|' * len(names)}"]  # fmt: skip
+    for function in functions:
+        cells = [str(dict(map(tuple, profiled[n]["functions"])).get(function, "")) for n in names]
+        lines.append(f"| `{function}` | {' | '.join(cells)} |")
+    return lines

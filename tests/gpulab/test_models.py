@@ -265,3 +265,20 @@ def test_realistic_hybrid_composes_as_a_hybrid_tree_deployment() -> None:
     assert set(cfg.sglang.hybrid_speculative_args) <= set(args)
     assert "--disable-radix-cache" in args  # 0.5.11 refuses a hybrid speculative server without
     assert models.TARGETS["realistic"]["hybrid"]["model_type"] == "qwen3_5"
+
+
+IMAGE_WARMED = [(size, kind) for size, targets in models.TARGETS.items()
+                for kind, config in targets.items() if "vision_config" in config]  # fmt: skip
+
+
+@pytest.mark.parametrize(("size", "kind"), IMAGE_WARMED)
+def test_a_target_sglang_warms_with_an_image_is_served_without_the_warmup(
+    size: str, kind: str
+) -> None:
+    """SGLang 0.5.11 to 0.5.17 warm a target whose config has a vision_config by sending it an
+    image through the chat endpoint; the lab's Qwen3.5 has neither vision weights nor a chat
+    template, so each such server failed to start (GPU lab run 13)."""
+    cfg = compose_config(["host=h200_lab", f"service=lab_{size}", "validation=lab",
+                          f"model=lab_{kind}_{size}"])  # fmt: skip
+    assert "--skip-server-warmup" in cfg.service.extra_args
+    assert ("realistic", "hybrid") in IMAGE_WARMED

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -137,6 +138,7 @@ class _Lab(Lab):
         self.logs.mkdir(parents=True)
         self.environments: dict[str, dict[str, str] | None] = {}
         self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.baselines: set[tuple[str, ...]] = set()
 
     def start(
         self, label: str, overrides: list[str], environment: dict[str, str] | None = None
@@ -149,11 +151,19 @@ class _Lab(Lab):
     def wait(self, server: Server) -> tuple[float | None, str | None]:
         return 1.0, None
 
-    def stop(self, server: Server) -> None:
+    def stop(self, *servers: Server) -> None:
         pass
 
     def tool(self, name: str, *overrides: str) -> StepRun:
+        """As the product does, a tree or shadow validate with no stored linear-DFlash baseline
+        for its pass (concurrency, repeats) exits 1."""
         self.calls.append((name, overrides))
+        shape = tuple(o for o in overrides if o.startswith(("validation.concurrency=",
+                                                             "validation.repeats=")))  # fmt: skip
+        if "algo=dflash" in overrides:
+            self.baselines.add(shape)
+        elif "action=validate" in overrides and shape not in self.baselines:
+            return StepRun(name, 1, 0.0, "no stored linear-DFlash baseline", time.time())
         return StepRun(name, 0, 0.0, "", time.time())
 
 
@@ -305,18 +315,22 @@ def test_the_interleaved_comparison_rotates_its_order_and_sizes_later_passes(
 ) -> None:
     """Round 0 goes DFLASH first at the fewest passes; every later round rotates the order and
     runs as many passes as DFLASH's round 0 says make OVERHEAD_PASS_S of generation."""
-    figures = {"exit": 0, "gates": {}, "tokens": 4096, "tokens_per_s": 4096.0}
-    monkeypatch.setattr(run, "summarize", lambda report, code: dict(figures))
+    figures = {"gates": {}, "tokens": 4096, "tokens_per_s": 4096.0}
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, **figures})
     lab = _Lab(tmp_path, size="trained")
     lab.prompts = 16
     passes: list[dict[str, object]] = []
-    run.run_overhead(lab, 2, [], ["15"], passes, lambda: None)
+    run.run_overhead(lab, 3, [], ["15"], passes, lambda: None)
     names = [name for name, _ in lab.calls]
-    per_level = len(run.OVERHEAD_CONCURRENCY) * 3
-    assert names[:3] == ["overhead-r0-c1-dflash", "overhead-r0-c1-ddtree_shadow",
-                         "overhead-r0-c1-ddtree-15"]  # fmt: skip
-    assert names[per_level : per_level + 3] == ["overhead-r1-c1-ddtree_shadow",
-                                                "overhead-r1-c1-ddtree-15", "overhead-r1-c1-dflash"]  # fmt: skip
+    per_round = len(run.OVERHEAD_CONCURRENCY) * 3
+    first = ["overhead-r0-c1-dflash", "overhead-r0-c1-ddtree_shadow", "overhead-r0-c1-ddtree-15"]
+    assert names[:3] == first
+    # Round 1 is the first at the new pass sizes: DFLASH first, so the trees find its baseline.
+    assert names[per_round : per_round + 3] == [n.replace("r0", "r1") for n in first]
+    assert names[2 * per_round : 2 * per_round + 3] == ["overhead-r2-c1-ddtree_shadow",
+                                                        "overhead-r2-c1-ddtree-15",
+                                                        "overhead-r2-c1-dflash"]  # fmt: skip
+    assert [p["algo"] for p in passes if p.get("exit")] == []
     repeats = {name: [o for o in overrides if o.startswith("validation.repeats=")]
                for name, overrides in lab.calls}  # fmt: skip
     assert repeats["overhead-r0-c32-ddtree-15"] == ["validation.repeats=2"]
@@ -326,3 +340,43 @@ def test_the_interleaved_comparison_rotates_its_order_and_sizes_later_passes(
     assert repeats["overhead-r1-c1-ddtree-15"] == [f"validation.repeats={passes_s}"]
     assert repeats["overhead-r1-c32-dflash"] == [f"validation.repeats={2 * passes_s}"]
     assert [p["algo"] for p in passes[:3]] == ["dflash", "ddtree_shadow", "ddtree-15"]
+
+
+def test_the_interleaved_comparison_runs_only_the_levels_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
+    lab = _Lab(tmp_path, size="trained")
+    lab.prompts = 16
+    run.run_overhead(lab, 1, [], ["15"], [], lambda: None, levels=(1, 32, 32))
+    assert sorted({name.split("-")[2] for name, _ in lab.calls}) == ["c1", "c32"]
+    assert len(lab.calls) == 2 * 3
+
+
+IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+def test_stopping_servers_signals_every_group_before_waiting_on_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Servers that ignore SIGTERM: each gets SIGTERM, then (one grace later) SIGKILL, and
+    each group is gone; one at a time, five servers' grace periods outlasted a device call."""
+    lab = Lab(tmp_path, tmp_path / "out", "0.5.11", "tiny")
+    lab.pgids.mkdir(parents=True)
+    servers = []
+    for i in range(2):
+        process = subprocess.Popen([sys.executable, "-c", IGNORES_TERM], start_new_session=True)
+        (lab.pgids / str(process.pid)).touch()
+        servers.append(Server(f"s{i}", process, 0, tmp_path / "log", time.monotonic()))
+    time.sleep(0.5)  # the handlers are in place
+    sent: list[tuple[int, int]] = []
+    real_killpg = os.killpg
+    monkeypatch.setattr(run.os, "killpg", lambda pgid, sig: (sent.append((pgid, sig)),
+                                                            real_killpg(pgid, sig)))  # fmt: skip
+    monkeypatch.setattr(run, "STOP_GRACE_S", 1)
+    lab.stop(*servers)
+    a, b = (s.process.pid for s in servers)
+    term, kill = signal.SIGTERM, signal.SIGKILL
+    assert sent == [(a, term), (b, term), (a, kill), (b, kill)]
+    assert all(s.process.poll() is not None for s in servers)
+    assert list(lab.pgids.iterdir()) == []

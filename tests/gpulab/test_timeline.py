@@ -1,0 +1,165 @@
+"""timeline.py on a real torch profiler trace of a worker-shaped loop (CPU: the profiler's
+Python tracer is the same one SGLang's /start_profile turns on). A CPU run records no GPU
+events, so each step gets two overlapping kernels and a synchronising copy added to the trace
+(the shapes Kineto writes on a GPU): the only part of the trace that is not recorded."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from gpulab.tables import render_table
+from gpulab.timeline import read_trace, summarize_trace
+
+sys.path.insert(0, str(Path(__file__).parent))  # run.py imports its siblings, as a script
+import run
+
+WORKER = """
+import time
+import torch
+
+class Target:
+    def forward_batch_generation(self, x):
+        return x @ x
+
+class Worker:
+    def __init__(self):
+        self.target = Target()
+
+    def forward_batch_generation(self, x):
+        self._ddtree_propose()
+        self._cheap()
+        return self.target.forward_batch_generation(x)
+
+    def _ddtree_propose(self):
+        time.sleep(0.004)
+
+    def _cheap(self):
+        return None
+"""
+STEPS = 5
+
+
+def _worker_module(root: Path) -> object:
+    """The loop's worker, imported from a file under sglang/srt/speculative/ (SOURCES)."""
+    path = root / "sglang" / "srt" / "speculative" / "fake_worker.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(WORKER)
+    spec = importlib.util.spec_from_file_location("fake_worker", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fake_worker"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_profiled_loop_gives_each_step_its_host_gpu_and_functions(tmp_path: Path) -> None:
+    worker = _worker_module(tmp_path).Worker()  # type: ignore[attr-defined]
+    x = torch.randn(32, 32)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(STEPS):
+            worker.forward_batch_generation(x)
+            time.sleep(0.002)  # the scheduler's own work between steps
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = read_trace(tmp_path / "trace.json")
+    steps = sorted((e for e in events if e["name"].endswith("): forward_batch_generation")
+                    and "Worker" not in e["name"]), key=lambda e: e["ts"])  # fmt: skip
+    outer = [e for e in steps if "fake_worker.py(13)" in e["name"]]
+    assert len(outer) == STEPS
+    for step in outer:  # GPU work: 10-110 and 60-160 us (150 us busy), a 50 us blocking copy
+        ts = float(step["ts"])
+        events += [
+            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": ts + 10, "dur": 100},
+            {"ph": "X", "cat": "kernel", "name": "topk", "ts": ts + 60, "dur": 100},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": ts + 200, "dur": 50},
+        ]  # fmt: skip
+
+    timeline = summarize_trace(events)
+
+    assert timeline is not None
+    assert timeline.steps == STEPS  # the target's nested step is not a step of its own
+    assert timeline.gpu_ms == 0.15 and timeline.sync_ms == 0.05 and timeline.syncs == 1.0
+    assert timeline.host_ms >= 4.0  # the proposal's sleep is inside the step
+    assert timeline.step_ms > timeline.host_ms  # and the scheduler's is between steps
+    names = [name for name, _ in timeline.functions]
+    assert names[0] == "speculative/fake_worker.py:forward_batch_generation"
+    assert names.index("speculative/fake_worker.py:_ddtree_propose") < names.index(
+        "speculative/fake_worker.py:_cheap"
+    )
+    assert not any("profiler" in name for name in names)  # only SOURCES' functions
+
+
+def test_a_trace_without_two_steps_has_no_timeline() -> None:
+    one = {"ph": "X", "cat": "python_function", "ts": 0, "dur": 5,
+           "name": "sglang/srt/speculative/w.py(1): forward_batch_generation"}  # fmt: skip
+    assert summarize_trace([one]) is None
+
+
+class _Profiled(http.server.BaseHTTPRequestHandler):
+    """SGLang's two endpoints as the lab uses them: /start_profile (answered once the steps are
+    recorded, as some releases do) and /generate, whose steps the profiler records through the
+    worker-shaped loop above, exported where the request said."""
+
+    requests: ClassVar[list[tuple[str, dict[str, object]]]] = []
+    profiling = threading.Event()
+    recorded = threading.Event()
+    worker: object = None
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.requests.append((self.path, body))
+        if self.path == "/generate":
+            x = torch.randn(8, 8)
+            with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+                for _ in range(3):
+                    self.worker.forward_batch_generation(x)  # type: ignore[attr-defined]
+            start = dict(self.requests)["/start_profile"]
+            out = Path(str(start["output_dir"])) / "1-TP-0.trace.json"
+            prof.export_chrome_trace(str(out))
+            out.with_suffix(".json.gz").write_bytes(gzip.compress(out.read_bytes()))
+            self.recorded.set()
+        else:
+            self.profiling.set()
+            self.recorded.wait(60)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_lab_profiles_a_live_server_and_keeps_its_timeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _Profiled.worker = _worker_module(tmp_path).Worker()  # type: ignore[attr-defined]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Profiled)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # The lab's pause before it asks for the answer lasts until the profile was asked for.
+    monkeypatch.setattr(run.time, "sleep", lambda s: _Profiled.profiling.wait(10))
+    lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
+    lab.api_key = "k"
+    server = run.Server("dflash", None, httpd.server_address[1], tmp_path / "log", 0.0)  # type: ignore[arg-type]
+    try:
+        timeline = run.profile_server(lab, "dflash", server)
+    finally:
+        httpd.shutdown()
+    assert [path for path, _ in _Profiled.requests] == ["/start_profile", "/generate"]
+    start = _Profiled.requests[0][1]
+    assert start["with_stack"] is True and start["num_steps"] == run.PROFILE_STEPS
+    assert str(start["output_dir"]).startswith(str(tmp_path / "lab" / "profiles"))
+    assert isinstance(timeline, dict) and timeline["steps"] == 3
+    assert "speculative/fake_worker.py:_ddtree_propose" in dict(timeline["functions"])
+    assert render_table({"release": "0.5.11", "steps": [], "cells": [],
+                         "timeline": {"dflash": timeline, "ddtree_shadow": "no trace within 240 s"}})  # fmt: skip
