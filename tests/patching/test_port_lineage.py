@@ -148,11 +148,10 @@ LINEAGES = (
     # needed a deep copy of the read-only server args, the draft runner's spec-bag scope and the
     # grammar refusal. New sites: string gates around the
     # ReplaySSM spec-verify and lazy Mamba caching (covered), grammar overlap, an NPU verify layout
-    # and two gates 0.5.17 rewrote (widened). 0.5.16's set is on the v2 design (THIN-SETS.md) and
-    # 0.5.17's is not yet: 0001 (the module's loader) and 0006 (the backend check moved into
-    # 0002's call) differ though they land, and the worker's spec_info import hunk (2) fails on
-    # 0.5.17's imports; its draft-tokens hunk (13, without the window's slots, now the verify
-    # step's) lands with fuzz, and its accept hunk is 15.
+    # and two gates 0.5.17 rewrote (widened). Both sets are on the v2 design (THIN-SETS.md): the
+    # worker's spec_info import hunk (2) fails on 0.5.17's imports, its draft-tokens hunk (13,
+    # without the window's slots, now the verify step's) lands with fuzz, and its accept hunk
+    # is 15.
     Lineage(
         "0.5.16",
         "0.5.17",
@@ -190,6 +189,11 @@ LINEAGES = (
     # the read-only guard, 0.5.18 having no ServerArgs.override; 0003 refuses a tree on a head
     # without a dense weight.) New sites: the DFlash draft pool's KV cell size and the spec worker's draft runners
     # (widened), and the FutureMap relay gate spec_utils now asks of the spec bag (covered).
+    # 0.5.17's set is on the v2 design (THIN-SETS.md) and 0.5.18's is not yet: the worker's
+    # import of spec_info's loader is one more hunk, so the log-prob guard's is 14 (50 hunks in
+    # all: 0001 gains the loader's hunk, 0006 keeps one of its three), and 0006 (the backend
+    # check moved into 0002's resolve_server_args call) differs though it lands; the failed
+    # hunks are the same ones.
     Lineage(
         "0.5.17",
         "0.5.18",
@@ -204,7 +208,7 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 1): _absent(
                 "from sglang.srt.runtime_context import get_exec", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 13): _absent(
+            (WORKER, "dflash_worker_v2.py", 14): _absent(
                 'if getattr(batch, "return_logprob", False):', "removed"
             ),
             (HELPERS, "dflash_utils.py", 2): _absent(
@@ -222,7 +226,8 @@ LINEAGES = (
             ),
         },
         unreviewed={"covered": 1, "widened": 2},
-        hunks=51,
+        also_rewritten=(BACKEND,),
+        hunks=50,
     ),
     # Back from 0.5.23: 0.5.22 has no spec-decode metrics tuple, no dflash_dp module and no
     # draft_parallel import; its worker keeps the draft placement in `draft_owns_attention`

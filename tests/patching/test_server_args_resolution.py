@@ -109,3 +109,28 @@ def test_0517_ddtree_tree_mode_refuses_the_replayssm_chain_commit(
     tree = resolved("DDTREE", *replay)
     assert not tree[0] and "DDTREE tree mode cannot use --enable-linear-replayssm-spec" in tree[1]
     assert resolved("DDTREE", *replay, "--speculative-ddtree-mode", "shadow_linear")[0]
+
+
+@pytest.mark.parametrize("release", ["0.5.17"])
+def test_0517_ddtree_tree_mode_starts_on_its_default_attention_backend(
+    release: str,
+    make_tree: Callable[[str], Path],
+    host: LocalHost,
+    state: HostStateStore,
+    tmp_path: Path,
+) -> None:
+    """0.5.17 declares its default attention backend (0006's for a tree: flashinfer, else
+    triton) and applies it only when resolution ends, so the 0.5.17 set checks the backends
+    through the release's resolution view: tree mode on CUDA with no --attention-backend
+    resolves on that default (the fat set read the raw fields and refused "attention backend
+    None"), and a backend without a tree mask is still refused."""
+    python = str(require_staging_venv(release) / "bin" / "python")
+    site = make_tree(release)
+    apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)
+    model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
+    argv = [*base_argv(model_dir, draft_dir, "cuda"), "--speculative-algorithm", "DDTREE"]
+    default = resolve_server_args(python, argv, str(site))
+    assert default.ok, default.error
+    assert default.fields["attention_backend"] in ("flashinfer", "triton")
+    fa3 = resolve_server_args(python, [*argv, "--attention-backend", "fa3"], str(site))
+    assert not fa3.ok and "cannot verify with attention backend fa3" in fa3.error

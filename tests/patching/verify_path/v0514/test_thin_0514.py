@@ -1,5 +1,5 @@
-"""The thin sets (0.5.14 to 0.5.16): their DDTREE logic comes from ddtree_kernels.sglang
-(THIN-SETS.md).
+"""The thin sets on the v2 design (the releases of `release` below): their DDTREE logic comes
+from ddtree_kernels.sglang (THIN-SETS.md).
 
 On CPU against each real patched release (the check `ddtree_api_refusal` of checks_0514.py): the
 patched SGLang refuses at start, in one sentence, a ddtree_kernels.sglang whose API version it
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 
 
-@pytest.fixture(scope="module", params=("0.5.14", "0.5.15", "0.5.16"))
+@pytest.fixture(scope="module", params=("0.5.14", "0.5.15", "0.5.16", "0.5.17"))
 def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
