@@ -187,6 +187,10 @@ LINEAGES = (
     # the read-only guard, 0.5.18 having no ServerArgs.override; 0003 refuses a tree on a head
     # without a dense weight.) New sites: the DFlash draft pool's KV cell size and the spec worker's draft runners
     # (widened), and the FutureMap relay gate spec_utils now asks of the spec bag (covered).
+    # 0.5.18's set is on the v2 design (THIN-SETS.md) and 0.5.17's is not (this case assumes
+    # 0.5.17 fat; its own migration rewrites the case): the failed hunks are the fat 0.5.17 set's,
+    # and 0006 (the backend check moved into 0002's resolve_server_args call, so it no longer
+    # touches speculative_hook.py; the default-backend hunk is left) differs though it lands.
     Lineage(
         "0.5.17",
         "0.5.18",
@@ -219,6 +223,7 @@ LINEAGES = (
             ),
         },
         unreviewed={"covered": 1, "widened": 2},
+        also_rewritten=(BACKEND,),
         hunks=51,
     ),
     # Back from 0.5.23: 0.5.22 has no spec-decode metrics tuple, no dflash_dp module and no

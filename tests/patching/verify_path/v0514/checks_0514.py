@@ -55,10 +55,10 @@ from worker_v2_checks import (
     wide_propose_results,
 )
 
-# A set on ddtree_kernels.sglang's Verifier (0.5.14, 0.5.15; THIN-SETS.md): its worker accepts a
-# verify step's tree in `_ddtree_accept` (the release's sampler, then `Step.accept`), and its
-# tree-mode commit hands the draft KV the path's rows in block layout (`block_rows`). The fat
-# sets (0.5.16 on) keep `_ddtree_accept_block` and their own row slicing.
+# A set on ddtree_kernels.sglang's Verifier (0.5.14, 0.5.15, 0.5.18; THIN-SETS.md): its worker
+# accepts a verify step's tree in `_ddtree_accept` (the release's sampler, then `Step.accept`), and
+# its tree-mode commit hands the draft KV the path's rows in block layout (`block_rows`). The fat
+# sets (0.5.16, 0.5.17) keep `_ddtree_accept_block` and their own row slicing.
 VERIFIER = hasattr(W.DFlashWorkerV2, "_ddtree_accept")
 
 

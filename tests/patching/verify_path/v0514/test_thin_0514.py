@@ -1,4 +1,4 @@
-"""The thin sets (0.5.14, 0.5.15): their DDTREE logic comes from ddtree_kernels.sglang
+"""The thin sets (0.5.14, 0.5.15, 0.5.18): their DDTREE logic comes from ddtree_kernels.sglang
 (THIN-SETS.md).
 
 On CPU against each real patched release (the check `ddtree_api_refusal` of checks_0514.py): the
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 
 
-@pytest.fixture(scope="module", params=("0.5.14", "0.5.15"))
+@pytest.fixture(scope="module", params=("0.5.14", "0.5.15", "0.5.18"))
 def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
