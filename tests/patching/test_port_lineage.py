@@ -189,11 +189,9 @@ LINEAGES = (
     # the read-only guard, 0.5.18 having no ServerArgs.override; 0003 refuses a tree on a head
     # without a dense weight.) New sites: the DFlash draft pool's KV cell size and the spec worker's draft runners
     # (widened), and the FutureMap relay gate spec_utils now asks of the spec bag (covered).
-    # 0.5.17's set is on the v2 design (THIN-SETS.md) and 0.5.18's is not yet: the worker's
-    # import of spec_info's loader is one more hunk, so the log-prob guard's is 14 (50 hunks in
-    # all: 0001 gains the loader's hunk, 0006 keeps one of its three), and 0006 (the backend
-    # check moved into 0002's resolve_server_args call) differs though it lands; the failed
-    # hunks are the same ones.
+    # Both sets are on the v2 design (THIN-SETS.md): the worker's import of spec_info's loader
+    # is one more hunk, so the log-prob guard's is 14 (50 hunks in all: 0001 gains the loader's
+    # hunk, 0006 keeps one of its three); the failed hunks are the fat sets' ones.
     Lineage(
         "0.5.17",
         "0.5.18",

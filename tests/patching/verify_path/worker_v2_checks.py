@@ -31,7 +31,8 @@ class _Helpers:
     """The set's DDTREE helpers by the names the fat sets define in dflash_utils (`ddtree_X`); a
     set on ddtree_kernels.sglang calls the module's X (THIN-SETS.md), and its dflash_utils keeps
     only what DFLASH code calls (`ddtree_verify_uses_tree_mask`, `ddtree_draft_block_size`; 0.5.17
-    also its draft runner's server args and spec-bag scope and its request validation)."""
+    and 0.5.18 also their draft runner's server args and spec-bag scope and their request
+    validation)."""
 
     def __getattr__(self, name: str):
         if hasattr(U, name):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 
 
-@pytest.fixture(scope="module", params=("0.5.14", "0.5.15", "0.5.16", "0.5.17"))
+@pytest.fixture(scope="module", params=("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18"))
 def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
