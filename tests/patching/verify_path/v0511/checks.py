@@ -800,7 +800,9 @@ def worker_and_server_hunks():
     return out
 
 
-def handle_ddtree_args(*, mode="tree", device="cuda", backends=("flashinfer", "flashinfer")):
+def handle_ddtree_args(
+    *, mode="tree", device="cuda", backends=("flashinfer", "flashinfer")
+) -> None:
     """0002's `_handle_ddtree_args` (real: one call into the module through spec_info's
     load_ddtree, the tree-mask backend check included) on the fields it reads and writes.
     TEST DOUBLE: the server arguments (block 16, no budget or topk given)."""
@@ -812,7 +814,6 @@ def handle_ddtree_args(*, mode="tree", device="cuda", backends=("flashinfer", "f
         get_attention_backends=lambda: backends,
     )  # fmt: skip
     ServerArgs._handle_ddtree_args(args)
-    return args
 
 
 def wide_prepare(prepare_fn, attn_backend) -> dict:
