@@ -8,9 +8,9 @@ installs both into the SGLang venv), so every release's set imports it instead o
 own copy, and it is tested once, here, against the kernels' reference (`tests/test_sglang.py`).
 
 What a patched SGLang may rely on is this module's public names at `API_VERSION`. A patched
-SGLang checks the version at start (`load_ddtree_kernels` in its `dflash_utils.py`) and refuses,
-in one sentence, a module whose version it was not written for. Change a public name's
-signature or meaning, and the number goes up, with the sets that call it.
+SGLang asks for its version at start (`load_ddtree` in its `spec_info.py` calls `require`, whose
+name and meaning never change) and refuses, in one sentence, a module of another version.
+Change a public name's signature or meaning, and the number goes up, with the sets that call it.
 
 Nothing here imports SGLang: the hooks hand in what their release calls things (a TP group with
 `world_size` and `all_gather_into_tensor`, a KV pool's move function, server arguments with the

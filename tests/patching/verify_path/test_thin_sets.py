@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-# The worker-v1 sets, on the lazy `ddtree` proxy; the sets on the Verifier design (0.5.14,
-# 0.5.15) have their own sentences, tested in v0514/test_thin_0514.py.
+# The worker-v1 sets, on the v2 design's loader and server arguments (THIN-SETS.md); the
+# worker-v2 sets on it are tested in v0514/test_thin_0514.py.
 WORKER_V1 = ("0.5.11", "0.5.12", "0.5.13")  # they share v0511/checks.py
 THIN = WORKER_V1
 HERE = Path(__file__).parent
@@ -43,14 +43,18 @@ def test_patched_sglang_refuses_another_api_version_at_start(check: Callable[[st
     assert f"API {got['wanted']}" in newer and f"provides API {got['wanted'] + 1}" in newer
     assert "action=build-kernels" in newer and _one_sentence(newer), newer
     assert got["worker_newer"] == {"error": f"RuntimeError: {newer}"}
+    assert got["args_newer"] == newer  # DDTREE's server arguments refuse it first
+    # Kernels without the module (or none at all) fail the import in the set's own loader: one
+    # sentence naming the module and the way to install it.
     missing = got["missing"]
-    assert "provides no such module" in missing and _one_sentence(missing), missing
+    assert "needs the ddtree_kernels package with ddtree_kernels.sglang" in missing
+    assert "action=build-kernels" in missing and _one_sentence(missing), missing
 
 
 def test_dflash_runs_without_ddtree_kernels(check: Callable[[str], dict]) -> None:
     got = check("ddtree_api_refusal")["dflash_without_kernels"]
     assert got["imports"] and got["tree_mask"] is False and got["block"] == 16
-    assert "needs the ddtree_kernels package" in got["ddtree_helper"]
-    # A worker that cannot import on CPU is read instead: it takes no ddtree_X name, each of
-    # which would load the kernels when the worker is imported.
-    assert got.get("worker_ddtree_names", []) == []
+    assert "needs the ddtree_kernels package" in got["ddtree_loader"]
+    # A worker that cannot import on CPU is read instead: every name it takes from the set's
+    # modules is there without the kernels, and it imports no kernels itself.
+    assert got["worker_missing_names"] == [] and got["worker_imports_kernels"] == []

@@ -5,10 +5,10 @@ Run as `python checks.py NAME... | all` with the patched `sglang/` first on PYTH
 req_to_token kernel then runs on CPU tensors), and this folder's parent (checklib.py: each check
 runs in its own fork, the imports paid once, and prints one JSON line the pytest side asserts on).
 
-The sets are thin (THIN-SETS.md): their DDTREE logic is ddtree_kernels.sglang's, which these
-checks reach through the patched dflash_utils (`utils.ddtree_X` is the module's `X`, loaded and
-version-checked by the set's own `load_ddtree_kernels`); the worker's hunks are compiled from the
-patched worker and run with test doubles.
+The sets are thin (THIN-SETS.md, the v2 design): their DDTREE logic is ddtree_kernels.sglang's,
+which these checks reach through the set's own loader (`ddtree = spec_info.load_ddtree()`, as the
+worker holds it); the worker's hunks are compiled from the patched worker and run with test
+doubles.
 
 What is real: every DDTREE function the patches add, DFlashVerifyInput (prepare_for_verify,
 verify), SGLang's ForwardMode, vocab shard indices, Triton req_to_token writer and native KV
@@ -29,6 +29,7 @@ from types import SimpleNamespace
 
 import sglang.srt.speculative.dflash_info as info
 import sglang.srt.speculative.dflash_utils as utils
+import sglang.srt.speculative.spec_info as SI
 import torch
 from checklib import Group, check, conv_over_tree_links, main
 from ddtree_kernels import reference
@@ -36,6 +37,8 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+ddtree = SI.load_ddtree()  # ddtree_kernels.sglang, as the set's worker holds it
 
 # ---------------------------------------------------------------- test doubles
 
@@ -116,14 +119,14 @@ def allocate_window(batch: FakeBatch) -> None:
 
 
 def from_draft(*, logp, ids, root_tokens, prefix_lens, budget, width, shadow=False):
-    """The verify input the worker hunk (_prepare_ddtree_verify) builds, through the set's
-    `ddtree` (ddtree_kernels.sglang): the tree of the draft's top-k `logp`/`ids` [bs, L, K] at
+    """The verify input the worker hunk (_prepare_ddtree_verify) builds, through
+    ddtree_kernels.sglang: the tree of the draft's top-k `logp`/`ids` [bs, L, K] at
     the verify width; shadow_linear: DFlash's argmax chain (`ids` [bs, L, 1]) as a tree."""
     prefix = torch.tensor(prefix_lens)
     if shadow:
         chain = torch.cat([root_tokens.unsqueeze(1), ids[..., 0]], 1)
-        return info.DDTreeVerifyInput.from_tree(utils.ddtree_chain_tree(chain, prefix), shadow=True)
-    tree = utils.ddtree_build_verify_tree(
+        return info.DDTreeVerifyInput.from_tree(ddtree.chain_tree(chain, prefix), shadow=True)
+    tree = ddtree.build_verify_tree(
         logp=logp, ids=ids, root_tokens=root_tokens, prefix_lens=prefix, budget=budget,
         width=width, prefix_lens_sum=sum(prefix_lens),
     )  # fmt: skip
@@ -166,7 +169,7 @@ def run_verify(
 
 def _rank_topk(hs, heads, k, group, rank):
     """One TP rank's DDTree top-k over its shard of the head."""
-    return utils.ddtree_vocab_parallel_topk_logprobs(hs, heads[rank], k, group, chunk_size=3)
+    return ddtree.vocab_parallel_topk_logprobs(hs, heads[rank], k, group, chunk_size=3)
 
 
 def shard_head(
@@ -210,9 +213,7 @@ def draft_logprobs():
                 "ids_equal": all(torch.equal(o[1], want_ids[:, :k]) for o in outs),
                 "tie_row_ids": outs[0][1][3].tolist(),
             }
-    chain = utils.ddtree_chain_tree(
-        torch.tensor([[4, 5, 6, 7], [0, 1, 2, 3]]), torch.tensor([2, 9])
-    )
+    chain = ddtree.chain_tree(torch.tensor([[4, 5, 6, 7], [0, 1, 2, 3]]), torch.tensor([2, 9]))
     return {
         "cases": results,
         "chain_ids": chain.tokens[:, 1:].tolist(),
@@ -396,6 +397,7 @@ def accept_commit_case(width: int, depth: int, k: int, vocab: int, seed: int) ->
                 want_slots.append(window[b, :commit].tolist())
                 want_kv.append([float(window[b, i]) for i in path[:commit]])
             out.setdefault(f"path_depth_p{page_size}", []).append(len(path) - 1)
+        node_steps, _ = ddtree.mamba_steps(vi.accept_index, torch.tensor(want_commit), None)
         out[f"page{page_size}"] = {
             "tokens": got["output_ids"] == want_tokens,
             "commit_lens": got["commit_lens"] == want_commit,
@@ -412,9 +414,7 @@ def accept_commit_case(width: int, depth: int, k: int, vocab: int, seed: int) ->
             "seq_lens": got["seq_lens"]
             == [p + c for p, c in zip(prefixes, want_commit, strict=True)],
             "accept_index_root_first": vi.accept_index[:, 0].tolist() == [0, 0],
-            "node_steps": utils.ddtree_mamba_steps(
-                vi.accept_index, torch.tensor(want_commit), None
-            )[0].tolist()
+            "node_steps": node_steps.tolist()
             == [walk_by_hand(tokens, parents, target, b)[0][want_commit[b] - 1] for b in range(2)],
             "draft_token_num": vi.draft_token_num == width,
         }
@@ -427,7 +427,7 @@ def accept_commit():
     # A 64-token verify (budget 63) over the drafter's 15 positions, top-8: the wide tree mode.
     out["wide"] = accept_commit_case(width=64, depth=15, k=8, vocab=300, seed=4)
     out["mamba_hunk"] = mamba_commit_hunk()
-    out["path_rows"] = utils.ddtree_path_rows(
+    out["path_rows"] = ddtree.path_rows(
         torch.tensor([[0, 3, 5, -1, -1, -1], [0, -1, -1, -1, -1, -1]]), 6
     ).tolist()
     return out
@@ -447,7 +447,6 @@ def mamba_commit_hunk() -> dict:
         "ScheduleBatch": ScheduleBatch,
         "DFlashVerifyInput": info.DFlashVerifyInput,
         "DDTreeVerifyInput": info.DDTreeVerifyInput,
-        "ddtree": utils.ddtree,
     }
     path = Path(sglang.__file__).parent / "srt/speculative/dflash_worker.py"
     commit_fn = function_from(path, "DFlashWorker._update_target_mamba_state_after_verify", ns)
@@ -464,7 +463,7 @@ def mamba_commit_hunk() -> dict:
         backend = SimpleNamespace(update_mamba_state_after_mtp_verify=seen.update)
         worker = SimpleNamespace(
             target_worker=SimpleNamespace(model_runner=SimpleNamespace(attn_backend=backend, model=None)),
-            server_args=SimpleNamespace(mamba_track_interval=4),
+            server_args=SimpleNamespace(mamba_track_interval=4), _ddtree=ddtree,
         )  # fmt: skip
         batch = SimpleNamespace(
             mamba_track_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([8, 10])
@@ -558,15 +557,14 @@ class _Sampling:
 
 def init_ddtree(server_args, *, hybrid: bool = False) -> dict:
     """The worker's start-up hunk `_init_ddtree` (real, compiled from the patched worker):
-    load_ddtree_kernels, then ddtree.resolve_settings. TEST DOUBLE: the worker (block 16, on
+    spec_info's load_ddtree, then the module's Verifier.start. TEST DOUBLE: the worker (block 16, on
     CPU; a hybrid target's backend has the Mamba commit)."""
     import sglang
 
     init = function_from(
         Path(sglang.__file__).parent / "srt/speculative/dflash_worker.py",
         "DFlashWorker._init_ddtree",
-        {"torch": torch, "ServerArgs": object, "ddtree": utils.ddtree, "logger": None,
-         "load_ddtree_kernels": utils.load_ddtree_kernels},
+        {"torch": torch, "ServerArgs": object, "logger": None, "load_ddtree": SI.load_ddtree},
     )  # fmt: skip
     backend = SimpleNamespace(**({"update_mamba_state_after_mtp_verify": 1} if hybrid else {}))
     worker = SimpleNamespace(
@@ -654,7 +652,7 @@ def helpers():
         top_ps=torch.tensor([1.0, 0.6]),
     )
     uniforms = torch.rand(6, generator=g)
-    got = utils.ddtree_sample_target_tokens(
+    got = ddtree.sample_target_tokens(
         logits, 3, temperatures=sampling.temperatures, top_ks=sampling.top_ks,
         top_ps=sampling.top_ps, uniforms=uniforms,
     )  # fmt: skip
@@ -720,7 +718,6 @@ def worker_and_server_hunks():
         "ForwardMode": ForwardMode,
         "DDTreeVerifyInput": info.DDTreeVerifyInput,
         "DFlashVerifyInput": info.DFlashVerifyInput,
-        "ddtree": utils.ddtree,
         "resolve_dflash_verify_mask_policy": utils.resolve_dflash_verify_mask_policy,
         "get_tp_group": lambda: Group(1),
     }
@@ -742,6 +739,7 @@ def worker_and_server_hunks():
     for mode in ("tree", "shadow_linear"):
         worker = SimpleNamespace(
             ddtree_settings=SimpleNamespace(mode=mode, topk=3, budget=width - 1, width=width),
+            _ddtree=ddtree,
             block_size=width,
             page_size=1,
             server_args=SimpleNamespace(
@@ -781,11 +779,8 @@ def worker_and_server_hunks():
     out["wide"] = wide_prepare(prepare_fn, FlashInferAttnBackend())
 
     def refusal(backends, mode="tree", device="cuda"):
-        fake = SimpleNamespace(
-            speculative_ddtree_mode=mode, device=device, get_attention_backends=lambda: backends
-        )
         try:
-            ServerArgs._handle_ddtree_attention_backend(fake)
+            handle_ddtree_args(mode=mode, device=device, backends=backends)
             return None
         except ValueError as e:
             return str(e)
@@ -805,6 +800,22 @@ def worker_and_server_hunks():
     return out
 
 
+def handle_ddtree_args(
+    *, mode="tree", device="cuda", backends=("flashinfer", "flashinfer")
+) -> None:
+    """0002's `_handle_ddtree_args` (real: one call into the module through spec_info's
+    load_ddtree, the tree-mask backend check included) on the fields it reads and writes.
+    TEST DOUBLE: the server arguments (block 16, no budget or topk given)."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = SimpleNamespace(
+        speculative_num_draft_tokens=16, speculative_ddtree_mode=mode,
+        speculative_ddtree_budget=None, speculative_ddtree_topk=None, device=device,
+        get_attention_backends=lambda: backends,
+    )  # fmt: skip
+    ServerArgs._handle_ddtree_args(args)
+
+
 def wide_prepare(prepare_fn, attn_backend) -> dict:
     """The worker hunk in wide tree mode: a 16-token drafter block, a 64-token verify (budget
     63, top-8). The verify input must be 64 wide: tokens, positions, mask, 64 KV slots."""
@@ -818,6 +829,7 @@ def wide_prepare(prepare_fn, attn_backend) -> dict:
     draft_hidden = torch.randn(bs, block, hidden_size)
     worker = SimpleNamespace(
         ddtree_settings=SimpleNamespace(mode="tree", topk=8, budget=width - 1, width=width),
+        _ddtree=ddtree,
         block_size=block,
         page_size=1,
         server_args=SimpleNamespace(speculative_algorithm="DDTREE", speculative_ddtree_mode="tree"),
@@ -936,16 +948,18 @@ def hybrid_case(width: int, depth: int, k: int, budget: int) -> dict:
 
 @check
 def ddtree_api_refusal():
-    """The thin set (THIN-SETS.md): its DDTREE logic is ddtree_kernels.sglang's, at the API its
-    dflash_utils names (DDTREE_SGLANG_API). `load_ddtree_kernels` (real), which the worker's
-    `_init_ddtree` (real) calls first, refuses at start, in one sentence, a module of another API
-    version or none; DFLASH's modules import, and its predicates answer, with no ddtree_kernels
-    at all (the worker, which needs a GPU to import, takes no ddtree_* name from dflash_utils).
-    TEST DOUBLES: the worker (as for helpers) and the installed module's version (patched)."""
+    """The thin set (THIN-SETS.md, the v2 design): its DDTREE logic is ddtree_kernels.sglang's, at
+    the API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py),
+    which the server arguments' `_handle_ddtree_args` and the worker's `_init_ddtree` (both real)
+    call first, refuses at start, in one sentence, a module of another API version (the module's
+    frozen `require`) or none; DFLASH's modules import, and its predicates answer, with no
+    ddtree_kernels at all (the worker, which needs a GPU to import, is read: every name it
+    imports from the set's modules is there without the kernels, and it imports no kernels).
+    TEST DOUBLES: the worker and server arguments (as for helpers) and the installed module's
+    version (patched)."""
     import importlib
 
     import ddtree_kernels
-    import ddtree_kernels.sglang as module
     import sglang
 
     def refusal(fn) -> str:
@@ -955,53 +969,59 @@ def ddtree_api_refusal():
             return str(e)
         return ""
 
-    wanted = utils.DDTREE_SGLANG_API
+    wanted = SI.DDTREE_SGLANG_API
     spec = SimpleNamespace(
         speculative_algorithm="DDTREE", speculative_ddtree_mode="tree",
         speculative_ddtree_budget=15, speculative_ddtree_topk=8,
         speculative_ddtree_allow_hybrid_unsafe=False, speculative_num_draft_tokens=16,
     )  # fmt: skip
-    out = {
-        "wanted": wanted,
-        "module": module.API_VERSION,
-        "loads": utils.load_ddtree_kernels() is ddtree_kernels.ops,
-    }
-    module.API_VERSION = wanted + 1
+    out = {"wanted": wanted, "module": ddtree.API_VERSION, "loads": SI.load_ddtree() is ddtree}
+    ddtree.API_VERSION = wanted + 1
     try:
-        out["newer"] = refusal(utils.load_ddtree_kernels)
+        out["newer"] = refusal(SI.load_ddtree)
         out["worker_newer"] = init_ddtree(spec)
+        out["args_newer"] = refusal(handle_ddtree_args)
     finally:
-        module.API_VERSION = out["module"]
+        ddtree.API_VERSION = out["module"]
     # An older ddtree_kernels, without the module.
     sys.modules["ddtree_kernels.sglang"] = None
     del ddtree_kernels.sglang
     try:
-        out["missing"] = refusal(utils.load_ddtree_kernels)
+        out["missing"] = refusal(SI.load_ddtree)
     finally:
-        sys.modules["ddtree_kernels.sglang"] = ddtree_kernels.sglang = module
+        sys.modules["ddtree_kernels.sglang"] = ddtree_kernels.sglang = ddtree
     worker = ast.parse(
         (Path(sglang.__file__).parent / "srt/speculative/dflash_worker.py").read_text()
     )
     taken = [
-        a.name
+        (node.module, a.name)
         for node in worker.body
-        if isinstance(node, ast.ImportFrom) and node.module == utils.__name__
+        if isinstance(node, ast.ImportFrom)
         for a in node.names
+    ]
+    modules = [module or "" for module, _ in taken] + [
+        a.name for node in worker.body if isinstance(node, ast.Import) for a in node.names
     ]
     # DFLASH without any ddtree_kernels: fresh imports of the patched modules.
     for name in [n for n in sys.modules if n.startswith("ddtree_kernels")]:
         sys.modules[name] = None
-    for name in ("sglang.srt.speculative.dflash_utils", "sglang.srt.speculative.dflash_info"):
-        del sys.modules[name]
-    fresh = importlib.import_module("sglang.srt.speculative.dflash_utils")
-    importlib.import_module("sglang.srt.speculative.dflash_info")
+    own = ("spec_info", "dflash_utils", "dflash_info")
+    for name in own:
+        del sys.modules[f"sglang.srt.speculative.{name}"]
+    fresh = {n: importlib.import_module(f"sglang.srt.speculative.{n}") for n in own}
     dflash = SimpleNamespace(speculative_algorithm="DFLASH", speculative_num_draft_tokens=16)
     out["dflash_without_kernels"] = {
         "imports": True,
-        "tree_mask": fresh.ddtree_build_custom_mask(dflash, False),
-        "block": fresh.dflash_draft_block_size(dflash),
-        "ddtree_helper": refusal(lambda: fresh.ddtree_walk_tree),
-        "worker_ddtree_names": [n for n in taken if n.startswith("ddtree_")],
+        "tree_mask": fresh["dflash_utils"].ddtree_build_custom_mask(dflash, False),
+        "block": fresh["dflash_utils"].dflash_draft_block_size(dflash),
+        "ddtree_loader": refusal(fresh["spec_info"].load_ddtree),
+        "worker_missing_names": [
+            name
+            for module, name in taken
+            if module in {f"sglang.srt.speculative.{n}" for n in own}
+            and not hasattr(sys.modules[module], name)
+        ],
+        "worker_imports_kernels": [m for m in modules if m.startswith("ddtree_kernels")],
     }
     return out
 
