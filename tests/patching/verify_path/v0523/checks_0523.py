@@ -359,9 +359,7 @@ def wide_propose_tree():
 @check
 def wide_accept_and_commit():
     def accept(worker, tree, logits, prefix, sampling_info, draft_input):
-        return _accept(
-            worker, tree, prefix, sampling_info, draft_input, next_token_logits=logits
-        )
+        return _accept(worker, tree, prefix, sampling_info, draft_input, next_token_logits=logits)
 
     # 0.5.19's to 0.5.23's workers put the verify rows in the drafter's block layout
     # (ddtree_block_rows; 0.5.19's Step.commit, the module's block_rows) before the draft-KV
