@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
-from checklib import check, main
+from checklib import check, main, same
 from ddtree_kernels import ops
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.version import __version__ as RELEASE
@@ -343,6 +343,43 @@ def worker_accept_tree_greedy():
         "new_seq_lens": seq.tolist(),
         "accept_index": accept_index.tolist(),
         "synced": synced,
+    }
+
+
+@check
+def worker_accept_tree_sampled():
+    """The sampled accept broadcasts the tree sampler's accepted drafts, accept_index and
+    predicts from TP rank 0, in that order, then walks them (the greedy accept's outputs)."""
+    tokens, parents, target = branching_case()
+    width = tokens.shape[1]
+    tree = SimpleNamespace(
+        tokens=tokens, parents=parents, retrieve_index=None, retrieve_next_token=None,
+        retrieve_next_sibling=None,
+    )  # fmt: skip
+    worker = _dflash_worker_double(block_size=width)
+    walk = ops.verify_walk(tokens, parents, target, width - 1)
+    drawn = (walk.accept_len - 1, walk.accept_index.int(), target.reshape(-1).int())
+
+    def sampler(**_):  # TEST DOUBLE for the tree rejection sampler (a CUDA kernel)
+        return drawn[0], None, drawn[1], drawn[2]
+
+    synced = []
+    worker._tp_sync = SimpleNamespace(sync=lambda site, t: synced.append((site.name, t)))
+    logits = argmax_logits(target, 100)
+    with patched(
+        W, is_dflash_sampling_verify_available=lambda: True,
+        compute_dflash_sampling_correct_drafts_and_bonus=sampler,
+    ):  # fmt: skip
+        sampled = _accept(
+            worker, tree, torch.tensor([40]), SimpleNamespace(is_all_greedy=False),
+            SimpleNamespace(max_top_k=None, uniform_top_k_value=None), next_token_logits=logits,
+        )  # fmt: skip
+    worker._tp_sync = SimpleNamespace(sync=lambda site, t: None)
+    greedy = _accept(worker, tree, torch.tensor([40]), next_token_logits=logits)
+    return {
+        "synced": [site for site, _ in synced],
+        "synced_outputs": all(t is d for (_, t), d in zip(synced, drawn, strict=True)),
+        "equal_greedy": all(same(a, b) for a, b in zip(sampled, greedy, strict=True)),
     }
 
 
