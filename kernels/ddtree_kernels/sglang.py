@@ -908,6 +908,16 @@ class Step:
         )
         return tuple(outputs)
 
+    def accept_target(self, target_tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`accept`'s greedy walk over the target's token at every node [bs, W] that the release
+        picked itself (added for 0.5.19+, whose SpecTpSync broadcasts the argmax from TP rank 0
+        first, so every rank walks rank 0's choice); `accept` on that argmax, outputs alike."""
+        nodes, accept_len, tokens, bonus = walk_tree(
+            self.tree.tokens, self.tree.parents, target_tokens, self.block_size
+        )
+        self.accept_index = nodes
+        return accept_outputs(accept_len, tokens, bonus, self.prefix_lens)
+
     def sampler(
         self,
         release_sampler: Callable[..., tuple[torch.Tensor, ...]],
@@ -939,6 +949,17 @@ class Step:
         if rows is None:
             return None
         return block_rows(rows, int(self.tree.tokens.shape[0]), self.width, self.block_size)
+
+    def commit_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Another node-indexed verify tensor [bs * W (+ padding), ...] in the layout `commit`
+        gives the hidden rows (added for 0.5.19+, whose log-probs read the verify logits): the
+        path first, the drafter's block layout. A chain's rows are already in that order."""
+        if self.mode != "tree":
+            return x
+        assert self.accept_index is not None, "commit_rows before accept"
+        rows = ops.commit_indices(self.accept_index, self.cache_loc).hidden_rows
+        bs = int(self.tree.tokens.shape[0])
+        return block_rows(gather_path_rows(x, rows, self.width), bs, self.width, self.block_size)
 
 
 class Verifier:

@@ -826,3 +826,38 @@ def test_verifier_and_step_reach_the_per_step_helpers() -> None:
         return kw["candidates"], "bonus", kw["tree_retrieve"], kw["top"]
 
     assert step.sampler(sampler, top=2)() == (tree.tokens, S.tree_retrieve(tree), 2)  # type: ignore[arg-type]
+
+
+def test_step_accept_target_is_accept_on_the_argmax_it_was_given() -> None:
+    """0.5.19+ walk the argmax after broadcasting it from TP rank 0: the same outputs and path
+    as `accept` on the logits whose argmax it is."""
+    tokens, parents, target = _branching_case()
+    tree = SimpleNamespace(tokens=tokens, parents=parents)
+    steps = [
+        S.Step(tree=tree, mode="tree", cache_loc=torch.zeros(1, 6),  # type: ignore[arg-type]
+               prefix_lens=torch.tensor([40]), block_size=6)
+        for _ in range(2)
+    ]  # fmt: skip
+    by_logits = steps[0].accept(_argmax_logits(target, 100))
+    by_target = steps[1].accept_target(target)
+    assert all(_same(a, b) for a, b in zip(by_target, by_logits, strict=True))
+    assert steps[1].accept_index is not None
+    assert steps[1].accept_index.tolist() == [[0, 2, 3, 5, -1, -1]]
+
+
+def test_step_commit_rows_lay_another_tensor_out_as_the_commit_did_the_hidden_rows() -> None:
+    """The verify logits (0.5.19+'s log-probs read them) get the hidden rows' layout: the path
+    first, the drafter's block; a chain's come back as they are."""
+    tokens, parents, target = _branching_case()  # width 6
+    tree = SimpleNamespace(tokens=tokens, parents=parents)
+    step = S.Step(tree=tree, mode="tree", cache_loc=torch.arange(6).view(1, 6) + 100,  # type: ignore[arg-type]
+                  prefix_lens=torch.tensor([3]), block_size=4)  # fmt: skip
+    step.accept(_argmax_logits(target, 100))
+    x = torch.arange(6.0).unsqueeze(1) * 10
+    rows = step.commit(lambda tgt, src: None, x)
+    assert rows is not None
+    assert _same(step.commit_rows(x), rows)
+    assert step.commit_rows(x)[:, 0].tolist() == [0.0, 20.0, 30.0, 50.0]
+    chain = S.Step(tree=tree, mode="shadow_linear", cache_loc=torch.zeros(1, 6),  # type: ignore[arg-type]
+                   prefix_lens=torch.tensor([3]), block_size=6)  # fmt: skip
+    assert chain.commit_rows(x) is x
