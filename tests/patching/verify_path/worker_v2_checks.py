@@ -374,6 +374,62 @@ def init_results(W, init) -> dict:
     }
 
 
+def api_refusal_results(init) -> dict:
+    """A set on ddtree_kernels.sglang (THIN-SETS.md): its DDTREE logic is the module's, at the
+    API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py, which
+    server-argument handling and the worker's `_init_ddtree` (real, through `init(spec)`: the
+    release's worker double, as for worker_init) call first) refuses at start, in one sentence,
+    a module of another API version (the module's frozen `require`) or none; DFLASH's modules
+    import, and its predicates answer, with no ddtree_kernels at all. TEST DOUBLES: the worker
+    and the installed module's version (patched)."""
+    import importlib
+
+    import ddtree_kernels.sglang as module
+
+    def refusal(fn) -> str:
+        try:
+            fn()
+        except RuntimeError as e:
+            return str(e)
+        return ""
+
+    wanted = SI.DDTREE_SGLANG_API
+    out = {"wanted": wanted, "module": module.API_VERSION, "loads": SI.load_ddtree() is module}
+    with patched(module, API_VERSION=wanted + 1):
+        out["newer"] = refusal(SI.load_ddtree)
+        out["worker_newer"] = init(ddtree_spec())
+    import ddtree_kernels
+
+    # An older ddtree_kernels, without the module.
+    sys.modules["ddtree_kernels.sglang"] = None
+    del ddtree_kernels.sglang
+    try:
+        out["missing"] = refusal(SI.load_ddtree)
+    finally:
+        sys.modules["ddtree_kernels.sglang"] = ddtree_kernels.sglang = module
+    # DFLASH without any ddtree_kernels: fresh imports of the patched modules.
+    for name in [n for n in sys.modules if n.startswith("ddtree_kernels")]:
+        sys.modules[name] = None
+    for name in (
+        "sglang.srt.speculative.spec_info",
+        "sglang.srt.speculative.dflash_utils",
+        "sglang.srt.speculative.dflash_worker_v2",
+    ):
+        del sys.modules[name]
+    fresh = importlib.import_module("sglang.srt.speculative.dflash_utils")
+    importlib.import_module("sglang.srt.speculative.dflash_worker_v2")
+    fresh_spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
+    out["dflash_without_kernels"] = {
+        "imports": True,
+        "tree_mask": fresh.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DFLASH, ddtree_spec()),
+        "block": fresh.ddtree_draft_block_size(
+            SpeculativeAlgorithm.DFLASH, SimpleNamespace(speculative_num_draft_tokens=16)
+        ),
+        "ddtree_loader": refusal(fresh_spec_info.load_ddtree),
+    }
+    return out
+
+
 def shadow_linear_results(W, worker_of, dflash_accept, tree_accept) -> dict:
     """shadow_linear against DFLASH on module W's worker, on one draft with exact argmax ties:
     the chain tree is DFlash's candidates with a causal mask and consecutive positions, and its

@@ -29,7 +29,6 @@ from types import SimpleNamespace
 
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
-import sglang.srt.speculative.spec_info as SI
 import torch
 from checklib import check, conv_over_tree_links, main, same
 from ddtree_kernels import ops
@@ -41,6 +40,7 @@ from worker_v2_checks import (
     BLOCK,
     WIDTH,
     D,
+    api_refusal_results,
     argmax_logits,
     branching_case,
     ddtree_module,
@@ -796,58 +796,9 @@ def decode_after_scoring_request():
 
 
 def ddtree_api_refusal():
-    """The thin 0.5.14 set (THIN-SETS.md): its DDTREE logic is ddtree_kernels.sglang's, at the
-    API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py, which
-    server-argument handling and the worker's `_init_ddtree` (real) call first) refuses at start,
-    in one sentence, a module of another API version (the module's frozen `require`) or none;
-    DFLASH's modules import, and its predicates answer, with no ddtree_kernels at all. TEST
-    DOUBLES: the worker (as for worker_init) and the installed module's version (patched)."""
-    import importlib
-
-    import ddtree_kernels.sglang as module
-
-    def refusal(fn) -> str:
-        try:
-            fn()
-        except RuntimeError as e:
-            return str(e)
-        return ""
-
-    wanted = SI.DDTREE_SGLANG_API
-    out = {"wanted": wanted, "module": module.API_VERSION, "loads": SI.load_ddtree() is module}
-    with patched(module, API_VERSION=wanted + 1):
-        out["newer"] = refusal(SI.load_ddtree)
-        out["worker_newer"] = _init(ddtree_spec())
-    import ddtree_kernels
-
-    # An older ddtree_kernels, without the module.
-    sys.modules["ddtree_kernels.sglang"] = None
-    del ddtree_kernels.sglang
-    try:
-        out["missing"] = refusal(SI.load_ddtree)
-    finally:
-        sys.modules["ddtree_kernels.sglang"] = ddtree_kernels.sglang = module
-    # DFLASH without any ddtree_kernels: fresh imports of the patched modules.
-    for name in [n for n in sys.modules if n.startswith("ddtree_kernels")]:
-        sys.modules[name] = None
-    for name in (
-        "sglang.srt.speculative.spec_info",
-        "sglang.srt.speculative.dflash_utils",
-        "sglang.srt.speculative.dflash_worker_v2",
-    ):
-        del sys.modules[name]
-    fresh = importlib.import_module("sglang.srt.speculative.dflash_utils")
-    importlib.import_module("sglang.srt.speculative.dflash_worker_v2")
-    fresh_spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
-    out["dflash_without_kernels"] = {
-        "imports": True,
-        "tree_mask": fresh.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DFLASH, ddtree_spec()),
-        "block": fresh.ddtree_draft_block_size(
-            SpeculativeAlgorithm.DFLASH, SimpleNamespace(speculative_num_draft_tokens=16)
-        ),
-        "ddtree_loader": refusal(fresh_spec_info.load_ddtree),
-    }
-    return out
+    """A set on ddtree_kernels.sglang (0.5.14 to 0.5.16): its refusal at start of a module of
+    another API version or none, and DFLASH without any ddtree_kernels (`api_refusal_results`)."""
+    return api_refusal_results(_init)
 
 
 if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (test_thin_0514.py)

@@ -1,7 +1,8 @@
-"""The thin sets (0.5.14 to 0.5.16): their DDTREE logic comes from ddtree_kernels.sglang
+"""The thin sets (0.5.14 to 0.5.16, 0.5.20): their DDTREE logic comes from ddtree_kernels.sglang
 (THIN-SETS.md).
 
-On CPU against each real patched release (the check `ddtree_api_refusal` of checks_0514.py): the
+On CPU against each real patched release (the check `ddtree_api_refusal` of checks_0514.py, or of
+checks_0523.py for 0.5.20; both run worker_v2_checks.api_refusal_results): the
 patched SGLang refuses at start, in one sentence, a ddtree_kernels.sglang whose API version it
 was not written for (or none), and DFLASH needs no ddtree_kernels at all. The shared logic
 itself is tested once, in kernels/tests/test_sglang.py; the shared verify-path tests hold the
@@ -15,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 
-@pytest.fixture(scope="module", params=("0.5.14", "0.5.15", "0.5.16"))
+@pytest.fixture(scope="module", params=("0.5.14", "0.5.15", "0.5.16", "0.5.20"))
 def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

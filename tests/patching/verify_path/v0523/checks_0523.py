@@ -35,17 +35,26 @@ from worker_v2_checks import (
     BLOCK,
     BUDGET,
     WIDTH,
+    D,
+    api_refusal_results,
     argmax_logits,
     branching_case,
+    ddtree_module,
     ddtree_spec,
     init_results,
     patched,
     propose_tree_results,
+    settings_of,
     shadow_linear_results,
     wide_accept_results,
     wide_init_results,
     wide_propose_results,
 )
+
+# A set on ddtree_kernels.sglang's Verifier (0.5.20; THIN-SETS.md): its worker accepts a verify
+# step's tree in `_ddtree_accept` (the release's sampler and SpecTpSync, then the step's accept)
+# and keeps its settings in a Verifier. The fat sets keep `_ddtree_accept_block` and their fields.
+VERIFIER = hasattr(W.DFlashWorkerV2, "_ddtree_accept")
 
 # 0.5.20 to 0.5.22 keep the worker's verify logits gathered and DFlash's greedy accept rule in
 # dflash_utils (0.5.23: a deferred argmax, the rule in sglang.kernels).
@@ -143,6 +152,23 @@ def _greedy_verify(target, vocab) -> dict:
     return {"next_token_logits": None, "target_predict": target.reshape(-1)}
 
 
+def _accept(worker, tree, prefix, verify, sampling_info=None, draft_input=None):
+    """The worker's accept over `tree` (`verify`: the verify's greedy inputs, `_greedy_verify`'s):
+    6 outputs, DFLASH's five and the path's nodes."""
+    if VERIFIER:  # the worker's accept of a verify step over `tree` (logits: GATHERED)
+        step = ddtree_module.Step(
+            tree=tree, mode="tree", cache_loc=None, prefix_lens=prefix,
+            block_size=int(worker.block_size),
+        )  # fmt: skip
+        logits = verify["next_token_logits"]
+        out = W.DFlashWorkerV2._ddtree_accept(worker, step, logits, sampling_info, draft_input)
+        return (*out, step.accept_index)
+    return W.DFlashWorkerV2._ddtree_accept_block(
+        worker, tree=tree, candidates=tree.tokens, sampling_info=sampling_info,
+        draft_input=draft_input, prefix_lens=prefix, bs=len(prefix), **verify,
+    )  # fmt: skip
+
+
 # ------------------------------------------------------------------ shadow_linear vs DFlash
 
 
@@ -170,10 +196,7 @@ def shadow_linear_equals_dflash():
         return (accept_len, bonus, *W._commit_accept(candidates, accept_len, bonus))
 
     def tree_accept(worker, tree, candidates, target, prefix, vocab):
-        return W.DFlashWorkerV2._ddtree_accept_block(
-            worker, tree=tree, candidates=candidates, sampling_info=None, draft_input=None,
-            prefix_lens=prefix, bs=len(prefix), **_greedy_verify(target, vocab),
-        )  # fmt: skip
+        return _accept(worker, tree, prefix, _greedy_verify(target, vocab))
 
     return shadow_linear_results(
         W, lambda block: _dflash_worker_double(block_size=block), dflash_accept, tree_accept
@@ -203,11 +226,15 @@ def _init(spec, *, hybrid=False, **worker_kw):
         worker = _init_worker(spec, hybrid=hybrid, **worker_kw)
     except Exception as e:  # reported, asserted on by the test
         return {"error": f"{type(e).__name__}: {e}"}
+    settings = settings_of(worker)
     return {
         "mode": worker._ddtree_mode,
-        "budget": worker._ddtree_budget,
-        "topk": worker._ddtree_topk,
-        "ops_loaded": worker._ddtree_ops is ops,
+        "budget": settings.budget,
+        "topk": settings.topk,
+        # The ops at hand: the fat sets keep them, a set on the module keeps its Verifier
+        # (ddtree_kernels.sglang, which imports them).
+        "ops_loaded": getattr(worker, "_ddtree_ops", None) is ops
+        or isinstance(getattr(worker, "_ddtree", None), ddtree_module.Verifier),
     }
 
 
@@ -302,12 +329,9 @@ def worker_accept_tree_greedy():
     synced = []
     worker._tp_sync = SimpleNamespace(sync=lambda site, t: synced.append(site.name))
     # Logits whose argmax is `target`: the path used when the logits are materialised.
-    logits = torch.full((width, 100), -5.0)
-    logits[torch.arange(width), target[0]] = 5.0
-    out = W.DFlashWorkerV2._ddtree_accept_block(
-        worker, tree=tree, candidates=tokens, next_token_logits=logits, sampling_info=None,
-        draft_input=None, prefix_lens=torch.tensor([40]), bs=1,
-    )  # fmt: skip
+    out = _accept(
+        worker, tree, torch.tensor([40]), {"next_token_logits": argmax_logits(target, 100)}
+    )
     drafts, commit, bonus, out_tokens, seq, accept_index = out
     return {
         "drafts": drafts.tolist(),
@@ -333,17 +357,15 @@ def wide_propose_tree():
 @check
 def wide_accept_and_commit():
     def accept(worker, tree, logits, prefix, sampling_info, draft_input):
-        return W.DFlashWorkerV2._ddtree_accept_block(
-            worker, tree=tree, candidates=tree.tokens, next_token_logits=logits,
-            sampling_info=sampling_info, draft_input=draft_input, prefix_lens=prefix,
-            bs=len(prefix),
-        )  # fmt: skip
+        verify = {"next_token_logits": logits}
+        return _accept(worker, tree, prefix, verify, sampling_info, draft_input)
 
     # 0.5.20's to 0.5.23's workers put the verify rows in the drafter's block layout
-    # (ddtree_block_rows) before the draft-KV append, the logprobs and the sampling mask read them.
+    # (ddtree_block_rows; a set on the Verifier: Step.commit's block_rows) before the draft-KV
+    # append, the logprobs and the sampling mask read them.
     return wide_accept_results(
         W, _dflash_worker_double(block_size=BLOCK), accept,
-        lambda rows, bs: U.ddtree_block_rows(rows, bs, WIDTH, BLOCK),
+        lambda rows, bs: D.ddtree_block_rows(rows, bs, WIDTH, BLOCK),
     )  # fmt: skip
 
 
@@ -413,7 +435,7 @@ def wide_draft_runner_width():
         ),
         "dflash": widths("DFLASH", speculative_num_draft_tokens=BLOCK),
         # At the block width the verify rows already are the block layout, the same tensor.
-        "block_rows_untouched": U.ddtree_block_rows(rows, 2, BLOCK, BLOCK) is rows,
+        "block_rows_untouched": D.ddtree_block_rows(rows, 2, BLOCK, BLOCK) is rows,
     }
 
 
@@ -426,6 +448,7 @@ def worker_mamba_commit():
         target_worker=SimpleNamespace(
             model_runner=SimpleNamespace(attn_backend=backend, model=None)
         ),
+        _ddtree=ddtree_module.Verifier(None, 6),  # a set on the module: its per-step helpers
     )
     batch = SimpleNamespace(mamba_track_indices=None, req_pool_indices=torch.tensor([4, 5]))
     accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
@@ -498,6 +521,16 @@ def hybrid_conv_window_layout():
         "ddtree_shadow": pool_topk("DDTREE", "shadow_linear"),
         "dflash": pool_topk("DFLASH", "tree"),
     }
+
+
+def ddtree_api_refusal():
+    """A set on ddtree_kernels.sglang (0.5.20): its refusal at start of a module of another API
+    version or none, and DFLASH without any ddtree_kernels (`api_refusal_results`)."""
+    return api_refusal_results(_init)
+
+
+if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (../v0514/test_thin_0514.py)
+    check(ddtree_api_refusal)
 
 
 if __name__ == "__main__":
