@@ -31,8 +31,8 @@ ENUM = "0001-spec-info-ddtree-enum.patch"
 SERVER_ARGS = "0002-server-args-ddtree.patch"
 WORKER = "0003-ddtree-worker.patch"
 HELPERS = "0004-ddtree-verify-input.patch"  # dflash_utils: the worker's helpers live here
-MAMBA_POOL = "0006-hybrid-mamba-pool-ddtree-tree.patch"  # 0.5.19 on
 TREE_MASK = "0005-ddtree-tree-mask-verify.patch"  # 0.5.19 on
+MAMBA_POOL = "0006-hybrid-mamba-pool-ddtree-tree.patch"  # 0.5.19 on
 HYBRID_LINEAR = "0007-hybrid-linear-attn-ddtree-tree.patch"  # 0.5.14 to 0.5.18
 BACKEND = "0006-server-args-ddtree-attention-backend.patch"  # 0.5.14 to 0.5.18
 
@@ -301,7 +301,12 @@ LINEAGES = (
     # 6 (`_init_ddtree`) applies but refused LiLiCorr drafts through `self.lilicorr`, which 0.5.20
     # never sets (test_verify_path_worker_v2's name check holds that). New sites: the draft-window
     # warning (covered), an NPU replay copy 0.5.21 splits in two, the draft runner's input-embeds
-    # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm.
+    # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm. 0.5.20's
+    # set is on the v2 design (THIN-SETS.md) while 0.5.21's is fat (assumed here: it migrates at
+    # the same time, on another branch): three patches land but differ, so they were rewritten
+    # too: 0001 holds the module's loader, 0004 keeps only what DFLASH calls and 0005 only the
+    # graph-capture hunk (the backend refusal moved into 0002's call). The failed hunks are the
+    # same ones.
     Lineage(
         "0.5.21",
         "0.5.20",
@@ -321,6 +326,7 @@ LINEAGES = (
             ),
         },
         unreviewed={"covered": 1, "widened": 3},
+        also_rewritten=(HELPERS, TREE_MASK),
     ),
     # 0.5.19 (the last release whose argument fields are annotated in server_args.py): no UNO
     # member to anchor DDTREE after, no arg_groups/fields/spec.py (0002 adds the fields to
@@ -328,11 +334,9 @@ LINEAGES = (
     # worker enters no draft TP scope, has no Domino head, and its third Mamba request pool spells
     # its layer ids inline. One hunk lands with fuzz 2 in the wrong place: the tree's retrieve
     # arrays would replace the chain's after the sampling kernel ran, not before, so 0004 was
-    # rewritten. 0.5.19 has no gate site 0.5.20's set does not review. 0.5.19's set is on the v2
-    # design (THIN-SETS.md) and 0.5.20's is not yet: the failed and fuzzed hunks are the same ones
-    # (0.5.19's rewritten 0001, 0002 and 0004 hold the module's loader, `_handle_ddtree`'s one
-    # call and only what DFLASH calls), and 0005, whose backend refusal moved into 0002's call,
-    # no longer touches speculative_hook.py though its hunks land.
+    # rewritten. 0.5.19 has no gate site 0.5.20's set does not review. Both sets are on the v2
+    # design (THIN-SETS.md): the worker's spec_info import (hunk 2) lands, so its failed hunks are
+    # the fat sets' lines one index on (4, 6, 8, 9, 15).
     Lineage(
         "0.5.20",
         "0.5.19",
@@ -344,19 +348,19 @@ LINEAGES = (
                 for i in (1, 2)
             },
             (SERVER_ARGS, _PS_HOOK, 2): _absent("if not (", "removed"),
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "draft_init_ctx = draft_tp_context(get_parallel().attn_tp_group)"
             ),
-            (WORKER, "dflash_worker_v2.py", 5): _absent(
+            (WORKER, "dflash_worker_v2.py", 6): _absent(
                 "if self._is_domino and self.block_size <= 1:"
             ),
             **{
                 (WORKER, "dflash_worker_v2.py", i): _absent(
                     "with self.draft_tp_context(self.draft_model_runner.tp_group):", "removed"
                 )
-                for i in (7, 8)
+                for i in (8, 9)
             },
-            (WORKER, "dflash_worker_v2.py", 14): _absent("anchor_token_ids=block_ids[:, 0],"),
+            (WORKER, "dflash_worker_v2.py", 15): _absent("anchor_token_ids=block_ids[:, 0],"),
             (MAMBA_POOL, "kv_cache_configurator.py", 3): _absent(
                 "mamba_layer_ids=self._get_mamba_layer_ids_for_req_pool(),"
             ),

@@ -16,7 +16,9 @@ from collections.abc import Callable
 import pytest
 
 
-@pytest.fixture(scope="module", params=("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19"))
+@pytest.fixture(
+    scope="module", params=("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20")
+)
 def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
