@@ -31,6 +31,7 @@ ENUM = "0001-spec-info-ddtree-enum.patch"
 SERVER_ARGS = "0002-server-args-ddtree.patch"
 WORKER = "0003-ddtree-worker.patch"
 HELPERS = "0004-ddtree-verify-input.patch"  # dflash_utils: the worker's helpers live here
+ATTN_BACKEND = "0006-server-args-ddtree-attention-backend.patch"  # 0.5.11 to 0.5.18
 MAMBA_POOL = "0006-hybrid-mamba-pool-ddtree-tree.patch"  # 0.5.19 on
 HYBRID_LINEAR = "0007-hybrid-linear-attn-ddtree-tree.patch"  # 0.5.14 to 0.5.18
 
@@ -68,7 +69,10 @@ LINEAGES = (
     # 0.5.15's worker: the draft runner shares the target's server args, an in-graph draft sampler
     # replaced the eager greedy head, and the batch argument is `batch` (0.5.14:
     # model_worker_batch, which the log-prob guard's hunk names too). 0004 holds the worker's new
-    # helper. New sites: four widened gates.
+    # helper. New sites: four widened gates. 0006's hunks fit, but 0.5.15 only declares a default
+    # attention backend until resolution ends, so its tree-mask check reads the backends through
+    # _resolved_attention_backends (0.5.14 has written the default by then; 0.5.14's raw-field
+    # read, ported, refused a tree left on 0.5.15's default as "attention backend None").
     Lineage(
         "0.5.14",
         "0.5.15",
@@ -82,7 +86,7 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 12): _absent("batch=model_worker_batch,"),
         },
         unreviewed={"widened": 4},
-        also_rewritten=(HELPERS,),
+        also_rewritten=(HELPERS, ATTN_BACKEND),
     ),
     # 0.5.16: the enum, the hidden-state relay and the algorithm help gained DSPARK, whose fields
     # follow the DFLASH block size; the worker builds its draft runner through

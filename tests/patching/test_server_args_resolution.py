@@ -109,3 +109,35 @@ def test_0517_ddtree_tree_mode_refuses_the_replayssm_chain_commit(
     tree = resolved("DDTREE", *replay)
     assert not tree[0] and "DDTREE tree mode cannot use --enable-linear-replayssm-spec" in tree[1]
     assert resolved("DDTREE", *replay, "--speculative-ddtree-mode", "shadow_linear")[0]
+
+
+# 0.5.14 to 0.5.19, whose sets refuse a tree-mode attention backend without a tree mask on CUDA
+# (0006; 0.5.19's 0005); 0.5.20's to 0.5.23's case is in verify_path/v0523/ with their other
+# server-args checks.
+TREE_MASK_CHECK_RELEASES = tuple(r for r in RELEASES if Version(r) >= Version("0.5.14"))
+
+
+@pytest.mark.parametrize("release", TREE_MASK_CHECK_RELEASES)
+def test_ddtree_tree_mode_starts_on_its_default_attention_backend(
+    release: str,
+    make_tree: Callable[[str], Path],
+    host: LocalHost,
+    state: HostStateStore,
+    tmp_path: Path,
+) -> None:
+    """Tree mode on CUDA with no --attention-backend (what the rendered unit passes) resolves on
+    the default the set declares for a tree (flashinfer, else triton), and a backend without a
+    tree mask is still refused. The bug: 0.5.15 to 0.5.18 only declare a default backend while
+    arguments resolve and write it when resolution ends, and their sets' check (0006) read the
+    raw fields, so a tree left on the default was refused as "attention backend None"; it reads
+    them through the release's resolution view (_resolved_attention_backends) now."""
+    python = str(require_staging_venv(release) / "bin" / "python")
+    site = make_tree(release)
+    apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)
+    model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
+    argv = [*base_argv(model_dir, draft_dir, "cuda"), "--speculative-algorithm", "DDTREE"]
+    default = resolve_server_args(python, argv, str(site))
+    assert default.ok, default.error
+    assert default.fields["attention_backend"] in ("flashinfer", "triton")
+    fa3 = resolve_server_args(python, [*argv, "--attention-backend", "fa3"], str(site))
+    assert not fa3.ok and "cannot verify with attention backend fa3" in fa3.error
