@@ -111,13 +111,9 @@ def test_0517_ddtree_tree_mode_refuses_the_replayssm_chain_commit(
     assert resolved("DDTREE", *replay, "--speculative-ddtree-mode", "shadow_linear")[0]
 
 
-# 0.5.14 to 0.5.19, whose sets refuse a tree-mode attention backend without a tree mask on CUDA
-# (0006; 0.5.19's 0005); 0.5.20's to 0.5.23's case is in verify_path/v0523/ with their other
-# server-args checks.
-TREE_MASK_CHECK_RELEASES = tuple(r for r in RELEASES if Version(r) >= Version("0.5.14"))
-
-
-@pytest.mark.parametrize("release", TREE_MASK_CHECK_RELEASES)
+# Every set refuses a tree-mode attention backend without a tree mask on CUDA (0006; 0.5.19's
+# 0005); 0.5.20's to 0.5.23's case is in verify_path/v0523/ with their other server-args checks.
+@pytest.mark.parametrize("release", RELEASES)
 def test_ddtree_tree_mode_starts_on_its_default_attention_backend(
     release: str,
     make_tree: Callable[[str], Path],
