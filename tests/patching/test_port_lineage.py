@@ -75,7 +75,9 @@ LINEAGES = (
     # holds the module's loader), so 0004 still differs (0.5.15 keeps its draft runner's args
     # copy), the worker's import hunk (1) now reaches the spec_info import and fails on 0.5.15's
     # imports, and its verify-input hunk (11) keeps DFLASH's out_cache_loc line as context (the
-    # tree's slots are set after it); the other failed hunks are the same ones.
+    # tree's slots are set after it); the other failed hunks are the same ones. 0002 differs
+    # though it lands: 0.5.15 declares its default attention backend and writes it only when
+    # resolution ends, so its backend check reads the resolution view.
     Lineage(
         "0.5.14",
         "0.5.15",
@@ -93,7 +95,7 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 13): _absent("batch=model_worker_batch,"),
         },
         unreviewed={"widened": 4},
-        also_rewritten=(HELPERS,),
+        also_rewritten=(SERVER_ARGS, HELPERS),
     ),
     # 0.5.16: the enum, the hidden-state relay and the algorithm help gained DSPARK, whose fields
     # follow the DFLASH block size; the worker builds its draft runner through

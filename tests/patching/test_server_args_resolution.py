@@ -111,19 +111,22 @@ def test_0517_ddtree_tree_mode_refuses_the_replayssm_chain_commit(
     assert resolved("DDTREE", *replay, "--speculative-ddtree-mode", "shadow_linear")[0]
 
 
-@pytest.mark.parametrize("release", ["0.5.17"])
-def test_0517_ddtree_tree_mode_starts_on_its_default_attention_backend(
+# Every set refuses a tree-mode attention backend without a tree mask on CUDA (0006; 0.5.19's
+# 0005); 0.5.20's to 0.5.23's case is in verify_path/v0523/ with their other server-args checks.
+@pytest.mark.parametrize("release", RELEASES)
+def test_ddtree_tree_mode_starts_on_its_default_attention_backend(
     release: str,
     make_tree: Callable[[str], Path],
     host: LocalHost,
     state: HostStateStore,
     tmp_path: Path,
 ) -> None:
-    """0.5.17 declares its default attention backend (0006's for a tree: flashinfer, else
-    triton) and applies it only when resolution ends, so the 0.5.17 set checks the backends
-    through the release's resolution view: tree mode on CUDA with no --attention-backend
-    resolves on that default (the fat set read the raw fields and refused "attention backend
-    None"), and a backend without a tree mask is still refused."""
+    """Tree mode on CUDA with no --attention-backend (what the rendered unit passes) resolves on
+    the default the set declares for a tree (flashinfer, else triton), and a backend without a
+    tree mask is still refused. The bug: 0.5.15 to 0.5.18 only declare a default backend while
+    arguments resolve and write it when resolution ends, and their sets' check (0006) read the
+    raw fields, so a tree left on the default was refused as "attention backend None"; it reads
+    them through the release's resolution view (_resolved_attention_backends) now."""
     python = str(require_staging_venv(release) / "bin" / "python")
     site = make_tree(release)
     apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from patching.sglang_args_probe import WIDE_ROWS, compare, write_tiny_model_dirs
+from patching.sglang_args_probe import (
+    WIDE_ROWS,
+    base_argv,
+    compare,
+    resolve_server_args,
+    write_tiny_model_dirs,
+)
 
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.config.rules import max_tree_budget
@@ -99,6 +105,27 @@ def test_server_args_widen_the_tree_verify(
     )  # fmt: skip
     assert [(name, detail) for name, ok, detail in rows if not ok] == []
     assert limit == 63 and len(rows) == WIDE_ROWS
+
+
+def test_ddtree_tree_mode_starts_on_its_default_attention_backend(
+    release: str, staging_python: str, patched_root: Path, tmp_path: Path
+) -> None:
+    """Tree mode on CUDA with no --attention-backend (what the rendered unit passes) resolves on
+    the default 0005 declares for a tree (flashinfer, else triton), and a backend without a tree
+    mask is still refused: 0005 reads the backends through resolved_view, where a declared
+    default is seen before resolution ends (0.5.15's to 0.5.18's sets read the raw fields and
+    refused such a tree as "attention backend None")."""
+    if release == ANNOTATED:
+        pytest.skip("0.5.19's server arguments: ../../test_server_args_resolution.py")
+    model, draft = write_tiny_model_dirs(tmp_path)
+    argv = [*base_argv(model, draft, "cuda"), "--speculative-algorithm", "DDTREE"]
+    default = resolve_server_args(staging_python, argv, str(patched_root))
+    assert default.ok, default.error
+    assert default.fields["attention_backend"] in ("flashinfer", "triton")
+    fa3 = resolve_server_args(
+        staging_python, [*argv, "--attention-backend", "fa3"], str(patched_root)
+    )
+    assert not fa3.ok and "cannot verify with attention backend fa3" in fa3.error
 
 
 def test_scoring_and_logprob_requests_are_served(check: Callable[[str], dict]) -> None:
