@@ -78,29 +78,37 @@ def test_patched_server_args_resolve_ddtree_like_dflash(
     assert len(rows) == (ROWS if limit == 15 else WIDE_ROWS)
 
 
-@pytest.mark.parametrize("release", ["0.5.17", "0.5.18"])
-def test_0517_ddtree_tree_mode_refuses_the_replayssm_chain_commit(
+@pytest.fixture
+def patched(
     release: str,
     make_tree: Callable[[str], Path],
     host: LocalHost,
     state: HostStateStore,
     tmp_path: Path,
+) -> tuple[str, str, Path, Path]:
+    """The release's staging Python, a wheel tree with its set applied, and tiny model dirs."""
+    python = str(require_staging_venv(release) / "bin" / "python")
+    site = make_tree(release)
+    apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)
+    return python, str(site), *write_tiny_model_dirs(tmp_path / "models")
+
+
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.18"])
+def test_0517_ddtree_tree_mode_refuses_the_replayssm_chain_commit(
+    release: str, patched: tuple[str, str, Path, Path]
 ) -> None:
     """0.5.17's DFLASH resolves with the ReplaySSM spec-verify (static ragged mode); the 0.5.17
     set refuses it for DDTREE tree mode (the ReplaySSM commit replays a chain) with a sentence,
     while shadow_linear (DFLASH's chain) keeps the flag as DFLASH does; 0.5.18's set, 0.5.17's
     ported, does the same. (Its NPU refusal cannot resolve here, without torch_npu: v0517's
     verify-path checks call it.)"""
-    python = str(require_staging_venv(release) / "bin" / "python")
-    site = make_tree(release)
-    apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)
-    model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
+    python, site, model_dir, draft_dir = patched
     device, extra_argv = release_device(release)
 
     def resolved(algorithm: str, *argv: str) -> tuple[bool, str]:
         args = [*base_argv(model_dir, draft_dir, device), *extra_argv]
         got = resolve_server_args(
-            python, [*args, "--speculative-algorithm", algorithm, *argv], str(site)
+            python, [*args, "--speculative-algorithm", algorithm, *argv], site
         )
         return got.ok, got.error
 
@@ -119,11 +127,7 @@ DECLARED_DEFAULT_BACKEND = tuple(r for r in RELEASES if Version(r) >= Version("0
 
 @pytest.mark.parametrize("release", DECLARED_DEFAULT_BACKEND)
 def test_ddtree_tree_mode_starts_on_its_default_attention_backend(
-    release: str,
-    make_tree: Callable[[str], Path],
-    host: LocalHost,
-    state: HostStateStore,
-    tmp_path: Path,
+    release: str, patched: tuple[str, str, Path, Path]
 ) -> None:
     """Tree mode on CUDA with no --attention-backend (what the rendered unit passes) resolves on
     the default the set declares for a tree (flashinfer, else triton), and a backend without a
@@ -131,13 +135,10 @@ def test_ddtree_tree_mode_starts_on_its_default_attention_backend(
     arguments resolve and write it when resolution ends, and their sets' check (0006) read the
     raw fields, so a tree left on the default was refused as "attention backend None"; it reads
     them through the release's resolution view (_resolved_attention_backends) now."""
-    python = str(require_staging_venv(release) / "bin" / "python")
-    site = make_tree(release)
-    apply_patch_set(host, PurePosixPath(site), real_patch_set(release), state)
-    model_dir, draft_dir = write_tiny_model_dirs(tmp_path / "models")
+    python, site, model_dir, draft_dir = patched
     argv = [*base_argv(model_dir, draft_dir, "cuda"), "--speculative-algorithm", "DDTREE"]
-    default = resolve_server_args(python, argv, str(site))
+    default = resolve_server_args(python, argv, site)
     assert default.ok, default.error
     assert default.fields["attention_backend"] in ("flashinfer", "triton")
-    fa3 = resolve_server_args(python, [*argv, "--attention-backend", "fa3"], str(site))
+    fa3 = resolve_server_args(python, [*argv, "--attention-backend", "fa3"], site)
     assert not fa3.ok and "cannot verify with attention backend fa3" in fa3.error
