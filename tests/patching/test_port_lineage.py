@@ -273,7 +273,11 @@ LINEAGES = (
     # but was rewritten into 0.5.21's context (its group argument); the accept hunk (18) keeps
     # 0.5.21's `target_predict` and runs SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for
     # DFLASH only. New site: the scheduler's DFlash request validation, whose method 0.5.22
-    # renamed (widened).
+    # renamed (widened). 0.5.21's set is on the v2 design (THIN-SETS.md) and 0.5.22's is not yet:
+    # the failed hunks are the same ones, and 0001, 0002, 0004 and 0005, which land, were
+    # rewritten too (the module's loader, `_handle_ddtree`'s one call, only what DFLASH calls in
+    # dflash_utils, and 0005 without the backend refusal, now in 0002's call, so no longer
+    # touching speculative_hook.py).
     Lineage(
         "0.5.22",
         "0.5.21",
@@ -293,15 +297,20 @@ LINEAGES = (
             ),
         },
         unreviewed={"widened": 1},
+        also_rewritten=(ENUM, SERVER_ARGS, HELPERS, TREE_MASK),
     ),
     # 0.5.20 (the last worker that takes `ps`): its replay-SSM refusal asks kimi_linear_config()
     # (0.5.21: self.hybrid_kda_config); its draft-window warning lists ("EAGLE3", "DFLASH") and
     # its DFLASH device check names no `algorithm`; its worker enters no draft_pp_context, passes
     # the draft runner's TP group alone to `self.draft_tp_context` and has no LiLiCorr head. Hunk
-    # 6 (`_init_ddtree`) applies but refused LiLiCorr drafts through `self.lilicorr`, which 0.5.20
+    # 7 (`_init_ddtree`) applies but refused LiLiCorr drafts through `self.lilicorr`, which 0.5.20
     # never sets (test_verify_path_worker_v2's name check holds that). New sites: the draft-window
     # warning (covered), an NPU replay copy 0.5.21 splits in two, the draft runner's input-embeds
-    # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm.
+    # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm. 0.5.21's
+    # set is on the v2 design (THIN-SETS.md) and 0.5.20's is assumed fat here (not yet migrated):
+    # the failed hunks are the same ones, the worker's one more (its import of spec_info's loader,
+    # 3) shifting their indices, and 0004 and 0005, which land, are 0.5.20's fat ones (its
+    # dflash_utils helpers; 0005 still refuses the attention backend in speculative_hook.py).
     Lineage(
         "0.5.21",
         "0.5.20",
@@ -311,16 +320,17 @@ LINEAGES = (
                 'if cfg.speculative_algorithm not in ("EAGLE", "EAGLE3", "DFLASH"):', "removed"
             ),
             (SERVER_ARGS, _PS_HOOK, 2): _absent('algorithm = "DFLASH"', "removed"),
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "with draft_pp_context(), draft_init_ctx:", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 9): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 15): _absent(
+            (WORKER, "dflash_worker_v2.py", 8): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 10): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 16): _absent(
                 "if lilicorr_q_rows is not None and not _is_all_greedy(batch.sampling_info):"
             ),
         },
         unreviewed={"covered": 1, "widened": 3},
+        also_rewritten=(HELPERS, TREE_MASK),
     ),
     # 0.5.19 (the last release whose argument fields are annotated in server_args.py): no UNO
     # member to anchor DDTREE after, no arg_groups/fields/spec.py (0002 adds the fields to
