@@ -235,7 +235,10 @@ LINEAGES = (
     # helpers follow. Two worker hunks that apply were rewritten too: 14 named
     # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 12's tree
     # accept took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
-    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened).
+    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). 0.5.22's set is on the v2 design
+    # (THIN-SETS.md) and 0.5.23's is not yet: the failed hunks are the same ones, and 0002 and
+    # 0005, which land, were rewritten too (`_handle_ddtree`'s one call; 0005 without the
+    # backend refusal, now in 0002's call, so no longer touching speculative_hook.py).
     Lineage(
         "0.5.23",
         "0.5.22",
@@ -266,38 +269,39 @@ LINEAGES = (
             ),
         },
         unreviewed={"widened": 2},
+        also_rewritten=(SERVER_ARGS, TREE_MASK),
     ),
     # 0.5.21 enters the draft's TP scope through its own `self.draft_tp_context(group,
     # owns_attention=...)` (0.5.22: `draft_tp_context(self.draft_owns_attention)`), plans no KV
-    # window (no `kv_loc_plan`) and captures no sampling mask. Hunk 14, the tree proposal, applies
-    # but was rewritten into 0.5.21's context (its group argument); the accept hunk (18) keeps
-    # 0.5.21's `target_predict` and runs SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for
-    # DFLASH only. New site: the scheduler's DFlash request validation, whose method 0.5.22
-    # renamed (widened). 0.5.21's set is on the v2 design (THIN-SETS.md) and 0.5.22's is not yet:
-    # the failed hunks are the same ones, and 0001, 0002, 0004 and 0005, which land, were
-    # rewritten too (the module's loader, `_handle_ddtree`'s one call, only what DFLASH calls in
-    # dflash_utils, and 0005 without the backend refusal, now in 0002's call, so no longer
-    # touching speculative_hook.py).
+    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on the v2 design
+    # (THIN-SETS.md), so only the worker is rewritten: its import of spec_info's loader (3) has
+    # 0.5.22's sampling-mask import as context; hunks 15, the tree proposal, and 17, the verify
+    # input, apply but were rewritten into 0.5.21's context (its group argument; no KV plan for
+    # a wider tree's window); the accept hunk (20) reads the logit rows for a sampling mask 0.5.21
+    # does not capture, and 0.5.21 skips SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for
+    # DDTREE after it. New site: the scheduler's DFlash request validation, whose method 0.5.22
+    # renamed (widened).
     Lineage(
         "0.5.22",
         "0.5.21",
         failed={
             (WORKER, "dflash_worker_v2.py", 3): _absent(
-                "self.draft_owns_attention = get_parallel().attn_dp_enabled"
+                "from sglang.srt.speculative.spec_sampling_mask import ("
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent(
-                "draft_tp_context(self.draft_owns_attention),"
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
+                "self.draft_owns_attention = get_parallel().attn_dp_enabled"
             ),
             (WORKER, "dflash_worker_v2.py", 8): _absent(
                 "draft_tp_context(self.draft_owns_attention),"
             ),
-            (WORKER, "dflash_worker_v2.py", 15): _absent("kv_loc_plan=kv_loc_plan,", "removed"),
-            (WORKER, "dflash_worker_v2.py", 18): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent(
+                "draft_tp_context(self.draft_owns_attention),"
+            ),
+            (WORKER, "dflash_worker_v2.py", 20): _absent(
                 "sampling_mask_capture = SpeculativeSamplingMaskCapture.from_logits("
             ),
         },
         unreviewed={"widened": 1},
-        also_rewritten=(ENUM, SERVER_ARGS, HELPERS, TREE_MASK),
     ),
     # 0.5.20 (the last worker that takes `ps`): its replay-SSM refusal asks kimi_linear_config()
     # (0.5.21: self.hybrid_kda_config); its draft-window warning lists ("EAGLE3", "DFLASH") and
