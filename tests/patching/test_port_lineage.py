@@ -232,13 +232,12 @@ LINEAGES = (
     # draft_parallel import; its worker keeps the draft placement in `draft_owns_attention`
     # (0.5.23: `draft_parallel_layout`), has no deferred target-verify gather (so no
     # `target_predict`) and no `target_dp_enabled`; its dflash_utils ends past the line 0.5.23's
-    # helpers follow. Two worker hunks that apply were rewritten too: 14 named
-    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 12's tree
-    # accept took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
-    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). 0.5.22's set is on the v2 design
-    # (THIN-SETS.md) and 0.5.23's is not yet: the failed hunks are the same ones, and 0002 and
-    # 0005, which land, were rewritten too (`_handle_ddtree`'s one call; 0005 without the
-    # backend refusal, now in 0002's call, so no longer touching speculative_hook.py).
+    # helpers follow. Two worker hunks that apply were rewritten too: 15 named
+    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 13's
+    # `_ddtree_accept` took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
+    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on the v2 design
+    # (THIN-SETS.md): the failed hunks are the fat sets' ones, the worker's shifted by one (its
+    # import of spec_info's loader, 3, lands).
     Lineage(
         "0.5.23",
         "0.5.22",
@@ -247,19 +246,19 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 1): _absent(
                 "from sglang.srt.speculative.dflash_dp import gather_draft_embedding"
             ),
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "with draft_pp_context(), draft_tp_context(self.draft_parallel_layout):", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 6): _absent(
+            (WORKER, "dflash_worker_v2.py", 7): _absent(
                 "self._target_logits_processor = self._defer_target_verify_gather()"
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent(
+            (WORKER, "dflash_worker_v2.py", 8): _absent(
                 "draft_tp_context(self.draft_parallel_layout),"
             ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent(
                 "target_dp_enabled = get_parallel().attn_dp_enabled"
             ),
-            (WORKER, "dflash_worker_v2.py", 18): _absent(
+            (WORKER, "dflash_worker_v2.py", 20): _absent(
                 "target_predict=target_predict,", "removed"
             ),
             (HELPERS, "dflash_utils.py", 5): "its lines match only before the end of the "
@@ -269,7 +268,6 @@ LINEAGES = (
             ),
         },
         unreviewed={"widened": 2},
-        also_rewritten=(SERVER_ARGS, TREE_MASK),
     ),
     # 0.5.21 enters the draft's TP scope through its own `self.draft_tp_context(group,
     # owns_attention=...)` (0.5.22: `draft_tp_context(self.draft_owns_attention)`), plans no KV

@@ -18,7 +18,17 @@ import pytest
 
 @pytest.fixture(
     scope="module",
-    params=("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.21", "0.5.22"),
+    params=(
+        "0.5.14",
+        "0.5.15",
+        "0.5.16",
+        "0.5.17",
+        "0.5.18",
+        "0.5.19",
+        "0.5.21",
+        "0.5.22",
+        "0.5.23",
+    ),
 )
 def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
