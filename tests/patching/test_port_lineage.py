@@ -234,10 +234,12 @@ LINEAGES = (
     # draft_parallel import; its worker keeps the draft placement in `draft_owns_attention`
     # (0.5.23: `draft_parallel_layout`), has no deferred target-verify gather (so no
     # `target_predict`) and no `target_dp_enabled`; its dflash_utils ends past the line 0.5.23's
-    # helpers follow. Two worker hunks that apply were rewritten too: 14 named
-    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 12's tree
-    # accept took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
-    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened).
+    # helpers follow. Two worker hunks that apply were rewritten too: 15 named
+    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 13's
+    # `_ddtree_accept` took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
+    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on the v2 design
+    # (THIN-SETS.md): the failed hunks are the fat sets' ones, the worker's shifted by one (its
+    # import of spec_info's loader, 3, lands).
     Lineage(
         "0.5.23",
         "0.5.22",
@@ -246,19 +248,19 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 1): _absent(
                 "from sglang.srt.speculative.dflash_dp import gather_draft_embedding"
             ),
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "with draft_pp_context(), draft_tp_context(self.draft_parallel_layout):", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 6): _absent(
+            (WORKER, "dflash_worker_v2.py", 7): _absent(
                 "self._target_logits_processor = self._defer_target_verify_gather()"
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent(
+            (WORKER, "dflash_worker_v2.py", 8): _absent(
                 "draft_tp_context(self.draft_parallel_layout),"
             ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent(
                 "target_dp_enabled = get_parallel().attn_dp_enabled"
             ),
-            (WORKER, "dflash_worker_v2.py", 18): _absent(
+            (WORKER, "dflash_worker_v2.py", 20): _absent(
                 "target_predict=target_predict,", "removed"
             ),
             (HELPERS, "dflash_utils.py", 5): "its lines match only before the end of the "
@@ -271,26 +273,31 @@ LINEAGES = (
     ),
     # 0.5.21 enters the draft's TP scope through its own `self.draft_tp_context(group,
     # owns_attention=...)` (0.5.22: `draft_tp_context(self.draft_owns_attention)`), plans no KV
-    # window (no `kv_loc_plan`) and captures no sampling mask. Hunk 14, the tree proposal, applies
-    # but was rewritten into 0.5.21's context (its group argument); the accept hunk (18) keeps
-    # 0.5.21's `target_predict` and runs SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for
-    # DFLASH only. New site: the scheduler's DFlash request validation, whose method 0.5.22
+    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on the v2 design
+    # (THIN-SETS.md), so only the worker is rewritten: its import of spec_info's loader (3) has
+    # 0.5.22's sampling-mask import as context; hunks 15, the tree proposal, and 17, the verify
+    # input, apply but were rewritten into 0.5.21's context (its group argument; no KV plan for
+    # a wider tree's window); the accept hunk (20) reads the logit rows for a sampling mask 0.5.21
+    # does not capture, and 0.5.21 skips SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for
+    # DDTREE after it. New site: the scheduler's DFlash request validation, whose method 0.5.22
     # renamed (widened).
     Lineage(
         "0.5.22",
         "0.5.21",
         failed={
             (WORKER, "dflash_worker_v2.py", 3): _absent(
-                "self.draft_owns_attention = get_parallel().attn_dp_enabled"
+                "from sglang.srt.speculative.spec_sampling_mask import ("
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent(
-                "draft_tp_context(self.draft_owns_attention),"
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
+                "self.draft_owns_attention = get_parallel().attn_dp_enabled"
             ),
             (WORKER, "dflash_worker_v2.py", 8): _absent(
                 "draft_tp_context(self.draft_owns_attention),"
             ),
-            (WORKER, "dflash_worker_v2.py", 15): _absent("kv_loc_plan=kv_loc_plan,", "removed"),
-            (WORKER, "dflash_worker_v2.py", 18): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent(
+                "draft_tp_context(self.draft_owns_attention),"
+            ),
+            (WORKER, "dflash_worker_v2.py", 20): _absent(
                 "sampling_mask_capture = SpeculativeSamplingMaskCapture.from_logits("
             ),
         },
@@ -300,15 +307,12 @@ LINEAGES = (
     # (0.5.21: self.hybrid_kda_config); its draft-window warning lists ("EAGLE3", "DFLASH") and
     # its DFLASH device check names no `algorithm`; its worker enters no draft_pp_context, passes
     # the draft runner's TP group alone to `self.draft_tp_context` and has no LiLiCorr head. Hunk
-    # 6 (`_init_ddtree`) applies but refused LiLiCorr drafts through `self.lilicorr`, which 0.5.20
+    # 7 (`_init_ddtree`) applies but refused LiLiCorr drafts through `self.lilicorr`, which 0.5.20
     # never sets (test_verify_path_worker_v2's name check holds that). New sites: the draft-window
     # warning (covered), an NPU replay copy 0.5.21 splits in two, the draft runner's input-embeds
-    # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm. 0.5.20's
-    # set is on the v2 design (THIN-SETS.md) while 0.5.21's is fat (assumed here: it migrates at
-    # the same time, on another branch): three patches land but differ, so they were rewritten
-    # too: 0001 holds the module's loader, 0004 keeps only what DFLASH calls and 0005 only the
-    # graph-capture hunk (the backend refusal moved into 0002's call). The failed hunks are the
-    # same ones.
+    # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm. Both sets are
+    # on the v2 design (THIN-SETS.md): the failed hunks are the fat sets' ones, the worker's one
+    # more (its import of spec_info's loader, 3) shifting their indices.
     Lineage(
         "0.5.21",
         "0.5.20",
@@ -318,12 +322,12 @@ LINEAGES = (
                 'if cfg.speculative_algorithm not in ("EAGLE", "EAGLE3", "DFLASH"):', "removed"
             ),
             (SERVER_ARGS, _PS_HOOK, 2): _absent('algorithm = "DFLASH"', "removed"),
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "with draft_pp_context(), draft_init_ctx:", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 9): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 15): _absent(
+            (WORKER, "dflash_worker_v2.py", 8): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 10): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 16): _absent(
                 "if lilicorr_q_rows is not None and not _is_all_greedy(batch.sampling_info):"
             ),
         },

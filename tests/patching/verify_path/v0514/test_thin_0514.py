@@ -2,7 +2,7 @@
 from ddtree_kernels.sglang (THIN-SETS.md).
 
 On CPU against each real patched release (the check `ddtree_api_refusal` of checks_0514.py, and
-of ../v0523/checks_0523.py for 0.5.19; both `worker_v2_checks.api_refusal_results`): the
+of ../v0523/checks_0523.py from 0.5.19; both `worker_v2_checks.api_refusal_results`): the
 patched SGLang refuses at start, in one sentence, a ddtree_kernels.sglang whose API version it
 was not written for (or none), and DFLASH needs no ddtree_kernels at all. The shared logic
 itself is tested once, in kernels/tests/test_sglang.py; the shared verify-path tests hold the
@@ -17,7 +17,19 @@ import pytest
 
 
 @pytest.fixture(
-    scope="module", params=("0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20")
+    scope="module",
+    params=(
+        "0.5.14",
+        "0.5.15",
+        "0.5.16",
+        "0.5.17",
+        "0.5.18",
+        "0.5.19",
+        "0.5.20",
+        "0.5.21",
+        "0.5.22",
+        "0.5.23",
+    ),
 )
 def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)

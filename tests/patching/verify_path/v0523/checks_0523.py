@@ -153,8 +153,10 @@ def _accept(worker, tree, prefix, sampling_info=None, draft_input=None, **verify
             tree=tree, mode="tree", cache_loc=None, prefix_lens=prefix,
             block_size=int(worker.block_size),
         )  # fmt: skip
-        logits = verify["next_token_logits"]
-        out = W.DFlashWorkerV2._ddtree_accept(worker, step, logits, sampling_info, draft_input)
+        logits = verify.pop("next_token_logits")  # 0.5.23's may add its `target_predict`
+        out = W.DFlashWorkerV2._ddtree_accept(
+            worker, step, logits, sampling_info, draft_input, **verify
+        )
         return (*out, step.accept_index)
     return W.DFlashWorkerV2._ddtree_accept_block(
         worker, tree=tree, candidates=tree.tokens, sampling_info=sampling_info,
