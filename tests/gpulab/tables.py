@@ -193,7 +193,8 @@ def timeline_table(timelines: dict[str, dict[str, Any] | str]) -> list[str]:
     names = list(profiled)
     lines += ["", f"| function (inclusive ms per step) | {' | '.join(names)} |",
               f"|---|{'---|' * len(names)}"]  # fmt: skip
+    per_server = {n: {f: ms for f, ms in profiled[n]["functions"]} for n in names}
     for function in functions:
-        cells = [str(dict(map(tuple, profiled[n]["functions"])).get(function, "")) for n in names]
+        cells = [str(per_server[n].get(function, "")) for n in names]
         lines.append(f"| `{function}` | {' | '.join(cells)} |")
     return lines

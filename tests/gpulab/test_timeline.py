@@ -161,5 +161,9 @@ def test_the_lab_profiles_a_live_server_and_keeps_its_timeline(
     assert str(start["output_dir"]).startswith(str(tmp_path / "lab" / "profiles"))
     assert isinstance(timeline, dict) and timeline["steps"] == 3
     assert "speculative/fake_worker.py:_ddtree_propose" in dict(timeline["functions"])
-    assert render_table({"release": "0.5.11", "steps": [], "cells": [],
-                         "timeline": {"dflash": timeline, "ddtree_shadow": "no trace within 240 s"}})  # fmt: skip
+    table = render_table({"release": "0.5.11", "steps": [], "cells": [], "timeline": {
+        "dflash": timeline, "ddtree_shadow": "no finished trace within 240 s"}})  # fmt: skip
+    propose = dict(timeline["functions"])["speculative/fake_worker.py:_ddtree_propose"]
+    assert f"| `speculative/fake_worker.py:_ddtree_propose` | {propose} |" in table
+    assert f"| dflash | 3 | {timeline['step_ms']} |" in table
+    assert "| ddtree_shadow | no finished trace within 240 s |" in table

@@ -100,10 +100,14 @@ def _outermost(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _busy(events: list[dict[str, Any]], start: float, end: float) -> float:
     """Microseconds within [start, end) covered by at least one of `events`."""
-    spans = sorted((max(float(e["ts"]), start), min(float(e["ts"]) + float(e["dur"]), end))
-                   for e in events if float(e["ts"]) < end and float(e["ts"]) + float(e["dur"]) > start)  # fmt: skip
+    spans = []
+    for event in events:
+        begin = float(event["ts"])
+        finish = begin + float(event["dur"])
+        if begin < end and finish > start:
+            spans.append((max(begin, start), min(finish, end)))
     total, reach = 0.0, start
-    for a, b in spans:
+    for a, b in sorted(spans):
         if b > reach:
             total += b - max(a, reach)
             reach = b
@@ -111,7 +115,8 @@ def _busy(events: list[dict[str, Any]], start: float, end: float) -> float:
 
 
 def _source_function(event: dict[str, Any]) -> str | None:
-    """ "speculative/dflash_worker.py:forward_batch_generation" for a function of SOURCES."""
+    """The name a function of SOURCES is listed by, e.g.
+    "speculative/dflash_worker.py:forward_batch_generation"; None for any other."""
     match = _PYTHON_NAME.match(event["name"])
     if match is None or not any(source in match["path"] for source in SOURCES):
         return None
