@@ -304,6 +304,17 @@ def base_argv(model_dir: Path, draft_dir: Path, device: str = "cpu") -> list[str
     ]
 
 
+def default_backend_resolutions(
+    python: str, sglang_root: str, model_dir: Path, draft_dir: Path
+) -> tuple[Resolution, Resolution]:
+    """DDTREE tree mode on CUDA resolved with no --attention-backend (what the rendered unit
+    passes: the release's default must serve) and with fa3 (no tree mask: must be refused)."""
+    argv = [*base_argv(model_dir, draft_dir, "cuda"), "--speculative-algorithm", "DDTREE"]
+    default = resolve_server_args(python, argv, sglang_root)
+    fa3 = resolve_server_args(python, [*argv, "--attention-backend", "fa3"], sglang_root)
+    return default, fa3
+
+
 def _diff(a: dict, b: dict, ignore: Sequence[str] = ()) -> dict:
     keys = (set(a) | set(b)) - set(ignore) - {"__sglang_file__"}
     return {k: (a.get(k), b.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)}

@@ -39,6 +39,7 @@ from patching.sglang_args_probe import (
     WIDE_ROWS,
     base_argv,
     compare,
+    default_backend_resolutions,
     release_device,
     resolve_server_args,
     write_tiny_model_dirs,
@@ -135,10 +136,7 @@ def test_ddtree_tree_mode_starts_on_its_default_attention_backend(
     arguments resolve and write it when resolution ends, and their sets' check (0006) read the
     raw fields, so a tree left on the default was refused as "attention backend None"; it reads
     them through the release's resolution view (_resolved_attention_backends) now."""
-    python, site, model_dir, draft_dir = patched
-    argv = [*base_argv(model_dir, draft_dir, "cuda"), "--speculative-algorithm", "DDTREE"]
-    default = resolve_server_args(python, argv, site)
+    default, fa3 = default_backend_resolutions(*patched)
     assert default.ok, default.error
     assert default.fields["attention_backend"] in ("flashinfer", "triton")
-    fa3 = resolve_server_args(python, [*argv, "--attention-backend", "fa3"], site)
     assert not fa3.ok and "cannot verify with attention backend fa3" in fa3.error

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from patching.sglang_args_probe import (
     WIDE_ROWS,
-    base_argv,
     compare,
-    resolve_server_args,
+    default_backend_resolutions,
     write_tiny_model_dirs,
 )
 
@@ -118,13 +117,9 @@ def test_ddtree_tree_mode_starts_on_its_default_attention_backend(
     if release == ANNOTATED:
         pytest.skip("0.5.19's server arguments: ../../test_server_args_resolution.py")
     model, draft = write_tiny_model_dirs(tmp_path)
-    argv = [*base_argv(model, draft, "cuda"), "--speculative-algorithm", "DDTREE"]
-    default = resolve_server_args(staging_python, argv, str(patched_root))
+    default, fa3 = default_backend_resolutions(staging_python, str(patched_root), model, draft)
     assert default.ok, default.error
     assert default.fields["attention_backend"] in ("flashinfer", "triton")
-    fa3 = resolve_server_args(
-        staging_python, [*argv, "--attention-backend", "fa3"], str(patched_root)
-    )
     assert not fa3.ok and "cannot verify with attention backend fa3" in fa3.error
 
 
