@@ -4,7 +4,8 @@ It runs through the SGLang venv's Python (optionally with a staged install first
 so it proves what SGLang will import. `cuda`: the extension must be built and loaded, every op
 must take the CUDA path on the host's GPU and match the torch reference on the CPU (exact for
 ids, parents, masks and indices; 1e-5 relative for log-probs). `reference`: the build must be
-reference-only and every op must run on CPU through the reference path.
+reference-only and every op must run on CPU through the reference path. Given the API version the
+host's patch set calls, the installed `ddtree_kernels.sglang` must provide exactly that one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-# Runs on the host as `python -c SMOKE_SCRIPT cuda|reference`; prints one JSON line last.
+# Runs on the host as `python -c SMOKE_SCRIPT cuda|reference API|-`; prints one JSON line last.
 SMOKE_SCRIPT = r"""
 import json, sys, traceback
 expect = sys.argv[1]
@@ -23,6 +24,17 @@ try:
     from ddtree_kernels import ops, reference
     out["file"] = ddtree_kernels.__file__
     out["build_info"] = {k: v for k, v in ddtree_kernels.build_info().items()}
+    if sys.argv[2] != "-":  # the API the host's SGLang patch set calls
+        try:
+            from ddtree_kernels import sglang as module
+            out["module_api"] = module.API_VERSION
+        except ImportError:
+            out["module_api"] = None
+        if str(out["module_api"]) != sys.argv[2]:
+            out["failures"].append(
+                f"its ddtree_kernels.sglang provides API {out['module_api'] or 'none'}, but the "
+                f"SGLang patch set calls API {sys.argv[2]}; build the kernels from the checkout "
+                "that holds this patch set")
     dev = "cuda" if expect == "cuda" else "cpu"
     if expect == "cuda":
         ops.require_cuda()

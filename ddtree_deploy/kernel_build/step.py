@@ -117,9 +117,14 @@ class KernelsStep:
     source_dir: Path = field(default_factory=default_source_dir)
     cache_dir: Path = field(default_factory=default_cache_dir)
     build_timeout_s: float = 3600.0
+    # The ddtree_kernels.sglang API the host's patch set calls (None: a set that carries
+    # DDTree's logic itself): the smoke test refuses a build that provides another.
+    module_api: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: DeployConfig, *, cache_dir: Path | None = None) -> KernelsStep:
+    def from_config(
+        cls, cfg: DeployConfig, *, cache_dir: Path | None = None, module_api: int | None = None
+    ) -> KernelsStep:
         return cls(
             host_name=cfg.host.name,
             python=PurePosixPath(cfg.host.sglang_venv) / "bin" / "python",
@@ -127,6 +132,7 @@ class KernelsStep:
             arch=cfg.gpu.arch,
             staging=cfg.host.staging,
             cache_dir=cache_dir or default_cache_dir(),
+            module_api=module_api,
         )
 
     @property
@@ -282,7 +288,10 @@ class KernelsStep:
     ) -> SmokeReport:
         env = {"PYTHONPATH": str(pythonpath)} if pythonpath is not None else None
         result = host.run(
-            [str(self.python), "-c", SMOKE_SCRIPT, key.variant], env=env, check=False, timeout_s=600
+            [str(self.python), "-c", SMOKE_SCRIPT, key.variant, str(self.module_api or "-")],
+            env=env,
+            check=False,
+            timeout_s=600,
         )
         report = parse_smoke_output(key.variant, result.stdout)
         where = "the staged wheel" if pythonpath is not None else str(self.python.parent.parent)

@@ -14,6 +14,7 @@ and the purposes and gate reviews are the base's, so a reviewer reads each chang
 from __future__ import annotations
 
 import importlib.resources
+import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
@@ -24,6 +25,9 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy.errors import DeployError
+
+# The line a set's loader adds: the module API its release was written for.
+_MODULE_API = re.compile(r"^\+DDTREE_SGLANG_API = (?P<api>\d+)\b")
 
 
 class PatchSetError(DeployError):
@@ -93,6 +97,17 @@ class PatchSet:
     def is_exact(self) -> bool:
         """True for `==X` sets, which win over ranges serving the same release."""
         return all(spec.operator in ("==", "===") for spec in self.release)
+
+    def module_api(self) -> int | None:
+        """The `ddtree_kernels.sglang` API version the set's code calls (the
+        `DDTREE_SGLANG_API` its diffs add), or None for a set that carries DDTree's logic
+        itself. Read from the diffs, so it cannot disagree with what the set installs."""
+        for patch in self.patches:
+            for line in patch.diff_path.read_text().splitlines():
+                found = _MODULE_API.match(line)
+                if found:
+                    return int(found["api"])
+        return None
 
 
 def patch_sets_root() -> Path:

@@ -25,7 +25,7 @@ from ddtree_deploy.patching.audit import AuditReport, audit
 from ddtree_deploy.patching.manifest import select_patch_set
 from ddtree_deploy.patching.port import PortRefused, PortReport, port_patch_set
 from ddtree_deploy.patching.step import PatchStep, locate_site_packages
-from ddtree_deploy.rollout.pipeline import preflight, prepare
+from ddtree_deploy.rollout.pipeline import kernels_step, preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status, installed_patch_step
@@ -111,7 +111,7 @@ def build_kernels_action(cfg: DeployConfig) -> ActionOutcome:
         report = run_preflight(cfg, facts)
         emit("preflight", refusals=report.refusals)
         report.raise_if_refused()
-        result = KernelsStep.from_config(cfg).apply(host, facts)
+        result = kernels_step(cfg, facts).apply(host, facts)
     return ActionOutcome(facts=facts, preflight=report, kernels=result)
 
 

@@ -9,6 +9,7 @@ after the host changed rolls back to the previous generation (`rollout.rollback_
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -20,6 +21,7 @@ from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.kernel_build import KernelsStep
+from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
@@ -104,7 +106,18 @@ class KernelsDeployStep:
 
 def kernel_steps(cfg: DeployConfig, facts: HostFacts | None = None) -> list[Step]:
     """The kernels step; SGLang imports the kernels only at start, so a change owes a restart."""
-    return [KernelsDeployStep(KernelsStep.from_config(cfg), facts)]
+    return [KernelsDeployStep(kernels_step(cfg, facts), facts)]
+
+
+def kernels_step(cfg: DeployConfig, facts: HostFacts | None) -> KernelsStep:
+    """The kernels step held to the `ddtree_kernels.sglang` API that the patch set for the
+    host's SGLang calls: its smoke test refuses kernels of another API before they install."""
+    module_api = None
+    if facts is not None and facts.sglang_version is not None:
+        # An unsupported release: preflight refuses it, and there is no API to hold to.
+        with contextlib.suppress(UnsupportedRelease):
+            module_api = select_patch_set(facts.sglang_version).module_api()
+    return KernelsStep.from_config(cfg, module_api=module_api)
 
 
 def validation_gates(cfg: DeployConfig) -> list[Gate]:

@@ -15,6 +15,7 @@ from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.kernel_build import (
     KernelBuildFailed,
+    KernelSmokeFailed,
     KernelsStep,
     PlanStatus,
     ResultStatus,
@@ -128,3 +129,23 @@ def test_cuda_build_failure_keeps_previous_install_and_names_first_error(
     assert caught.value.hint == f"Full build log: {log} on local."
     assert state_path.read_text() == state_before
     assert _import_origin(reference_step.python) == origin_before
+
+
+def test_kernels_of_another_module_api_are_refused_before_the_venv_changes(
+    reference_step: KernelsStep,
+) -> None:
+    """A patch set written for another ddtree_kernels.sglang API than these kernels provide
+    would refuse DDTREE at every server start: the build refuses it first, in one sentence."""
+    from ddtree_kernels.sglang import API_VERSION
+
+    host = LocalHost()
+    other = dataclasses.replace(reference_step, module_api=API_VERSION + 1)
+    with pytest.raises(KernelSmokeFailed) as caught:
+        other.apply(host)
+    message = str(caught.value)
+    assert (f"provides API {API_VERSION}, but the SGLang patch set calls API {API_VERSION + 1}"
+            in message and "the SGLang venv was not changed" in message)  # fmt: skip
+    with pytest.raises(subprocess.CalledProcessError):
+        _import_origin(reference_step.python)  # nothing was installed
+    held = dataclasses.replace(reference_step, module_api=API_VERSION)
+    assert held.apply(host).smoke.passed

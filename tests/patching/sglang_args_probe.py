@@ -46,6 +46,8 @@ from typing import Any
 
 from standin.models import model_configs
 
+KERNELS = str(Path(__file__).resolve().parents[2] / "kernels")
+
 # Fields that legitimately differ between a DFLASH and a DDTREE resolution.
 DDTREE_FIELDS = (
     "speculative_algorithm",
@@ -165,9 +167,10 @@ class _Resolver:
 
     def __init__(self, python: str, sglang_root: str | None) -> None:
         env = dict(os.environ)
-        env.pop("PYTHONPATH", None)
-        if sglang_root:
-            env["PYTHONPATH"] = str(sglang_root)
+        # kernels/ (ddtree_kernels, its pure-torch reference): a set whose DDTREE server
+        # arguments ddtree_kernels.sglang resolves (0.5.14, THIN-SETS.md) imports it there;
+        # DFLASH and the other sets never do.
+        env["PYTHONPATH"] = os.pathsep.join([*([str(sglang_root)] if sglang_root else []), KERNELS])
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
         # stderr to a file: a pipe nobody reads would block the child once it fills
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the child)

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from ddtree_deploy.patching.manifest import Disposition, PatchSetError, load_patch_set
+from ddtree_deploy.patching.manifest import (
+    Disposition,
+    PatchSetError,
+    load_patch_set,
+    load_patch_sets,
+)
 from patching.trees import CASES_DIR
 
 TINY = CASES_DIR / "eof-and-anchors" / "series"
@@ -128,3 +133,22 @@ def test_a_base_that_is_itself_derived_is_refused(tmp_path: Path) -> None:
         PatchSetError, match=re.escape("is itself derived from '0.0.1'; name that set")
     ):
         load_patch_set(second)
+
+
+# A line a set adds that imports the DDTree module (the thin sets' loaders).
+_IMPORTS_MODULE = re.compile(r"^\+\s*from ddtree_kernels import sglang\b", re.M)
+
+
+def test_every_set_that_loads_the_module_calls_the_api_the_shipped_kernels_provide() -> None:
+    """A thin set's loader asks for the API its release was written for; the kernels built
+    from this checkout must provide it, or every DDTREE start on such a host refuses."""
+    from ddtree_kernels.sglang import API_VERSION
+
+    calling = {}
+    for patch_set in load_patch_sets():
+        loads = any(_IMPORTS_MODULE.search(p.diff_path.read_text()) for p in patch_set.patches)
+        assert loads == (patch_set.module_api() is not None), patch_set.name
+        if loads:
+            calling[patch_set.name] = patch_set.module_api()
+    assert {"0.5.11", "0.5.14", "0.5.15.post1"} <= set(calling)  # a derived set: its base's diffs
+    assert set(calling.values()) == {API_VERSION}

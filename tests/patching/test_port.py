@@ -7,9 +7,9 @@ the shipped source set alone, so they keep exercising a real port.
 
 The whole 0.5.11 set does not port to 0.5.12: 0.5.12 dropped the server-args `choices=[...]`
 list and the `speculative_dflash_draft_window_size` field, and rewrote the DFlash acceptance in
-dflash_info.py / dflash_utils.py (GNU `patch --fuzz=2` fails the same five hunks). Patches 0001,
-0003, 0005 and 0007 alone do port (with offsets and fuzz), so a set made of just those, copied
-from the shipped one, is the success case.
+dflash_utils.py (GNU `patch --fuzz=2` fails the same three hunks). Patches 0001, 0003, 0005 and
+0007 alone do port (with offsets and fuzz), so a set made of just those, copied from the shipped
+one, is the success case.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ def test_port_reports_each_hunk_with_offset_and_fuzz(fitting_port: PortReport) -
     assert found == [
         ("0001", "spec_info.py", 1, HunkStatus.fuzzed, 14, 1),
         ("0001", "spec_info.py", 2, HunkStatus.fuzzed, 56, 1),
+        ("0001", "spec_info.py", 3, HunkStatus.offset, 77, 0),  # the loader, load_ddtree
         *(("0003", "dflash_worker.py", i, HunkStatus.applied, 0, 0) for i in range(1, 8)),
         ("0003", "dflash_worker.py", 8, HunkStatus.fuzzed, 0, 2),
         ("0003", "dflash_worker.py", 9, HunkStatus.applied, 0, 0),  # the log-prob invariant
@@ -221,10 +222,12 @@ def test_port_whole_set_fails_naming_hunks_and_lines(whole_port: PortReport) -> 
     assert set(failed) == {
         ("0002", "server_args.py", 1),
         ("0002", "server_args.py", 5),
-        ("0004", "dflash_info.py", 1),
-        ("0004", "dflash_info.py", 2),
         ("0004", "dflash_utils.py", 1),
-    }
+    }  # since 0.5.11 is thin (THIN-SETS.md): its verify hook is a small hunk that lands on
+    # 0.5.12 (the fat set moved DFlash's whole accept into a method, a hunk 0.5.12's rewrite
+    # failed); on the v2 design dflash_info.py's first hunk is the loader's import, beside
+    # context 0.5.12 kept (the proxy's import sat among the renamed accept helpers); the end
+    # of dflash_utils.py still fails
     assert failed[("0002", "server_args.py", 1)] == (
         "context line 'speculative_dflash_draft_window_size: Optional[int] = None' is not in "
         "the file"
@@ -248,13 +251,13 @@ def test_port_cli_failure_writes_reports_and_no_candidate(
     )
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     assert code == 5
-    assert "5 of 30 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
+    assert "3 of 29 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
     assert "newest reviewed set whose release is not newer than 0.5.12" in out
     (run_dir,) = runs.iterdir()
     names = sorted(p.name for p in run_dir.iterdir())
     assert names == ["debug.log", "events.jsonl", "port-report.json", "port-report.md"]
     report = json.loads((run_dir / "port-report.json").read_text())
-    assert report["summary"]["hunks_failed"] == 5 and report["candidate"] is None
+    assert report["summary"]["hunks_failed"] == 3 and report["candidate"] is None
     assert (
         "| 0002-server-args-ddtree.patch | sglang/srt/server_args.py | #5 |"
         in (run_dir / "port-report.md").read_text()
@@ -355,7 +358,7 @@ def test_port_cli_success_writes_candidate_into_run_folder(
     code = main(argv)
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0
-    assert "All 15 hunks of patch set 0.5.11 apply to SGLang 0.5.12" in out
+    assert "All 16 hunks of patch set 0.5.11 apply to SGLang 0.5.12" in out
     assert "unreviewed: sglang/srt/speculative/spec_registry.py:82" in out
     (run_dir,) = runs.iterdir()
     candidate = run_dir / f"candidate-{RELEASE}"

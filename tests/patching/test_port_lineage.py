@@ -31,9 +31,10 @@ ENUM = "0001-spec-info-ddtree-enum.patch"
 SERVER_ARGS = "0002-server-args-ddtree.patch"
 WORKER = "0003-ddtree-worker.patch"
 HELPERS = "0004-ddtree-verify-input.patch"  # dflash_utils: the worker's helpers live here
-ATTN_BACKEND = "0006-server-args-ddtree-attention-backend.patch"  # 0.5.11 to 0.5.18
+TREE_MASK = "0005-ddtree-tree-mask-verify.patch"  # 0.5.19 on
 MAMBA_POOL = "0006-hybrid-mamba-pool-ddtree-tree.patch"  # 0.5.19 on
 HYBRID_LINEAR = "0007-hybrid-linear-attn-ddtree-tree.patch"  # 0.5.14 to 0.5.18
+BACKEND = "0006-server-args-ddtree-attention-backend.patch"  # 0.5.14 to 0.5.18
 
 HunkKey = tuple[str, str, int]  # (patch, file name, hunk index)
 GateKey = tuple[str, str, str]  # (file, function, line)
@@ -69,24 +70,32 @@ LINEAGES = (
     # 0.5.15's worker: the draft runner shares the target's server args, an in-graph draft sampler
     # replaced the eager greedy head, and the batch argument is `batch` (0.5.14:
     # model_worker_batch, which the log-prob guard's hunk names too). 0004 holds the worker's new
-    # helper. New sites: four widened gates. 0006's hunks fit, but 0.5.15 only declares a default
-    # attention backend until resolution ends, so its tree-mask check reads the backends through
-    # _resolved_attention_backends (0.5.14 has written the default by then; 0.5.14's raw-field
-    # read, ported, refused a tree left on 0.5.15's default as "attention backend None").
+    # helper. New sites: four widened gates. Both sets are on the v2 design (THIN-SETS.md: the
+    # worker runs ddtree_kernels.sglang's Verifier, the server arguments are resolved there, 0001
+    # holds the module's loader), so 0004 still differs (0.5.15 keeps its draft runner's args
+    # copy), the worker's import hunk (1) now reaches the spec_info import and fails on 0.5.15's
+    # imports, and its verify-input hunk (11) keeps DFLASH's out_cache_loc line as context (the
+    # tree's slots are set after it); the other failed hunks are the same ones. 0002 differs
+    # though it lands: 0.5.15 declares its default attention backend and writes it only when
+    # resolution ends, so its backend check reads the resolution view.
     Lineage(
         "0.5.14",
         "0.5.15",
         failed={
+            (WORKER, "dflash_worker_v2.py", 1): _absent("set_global_server_args_for_scheduler,"),
             (WORKER, "dflash_worker_v2.py", 2): _absent(
                 "draft_server_args = deepcopy(server_args)"
             ),
             (WORKER, "dflash_worker_v2.py", 8): _absent("def _validate_phase1_sampling_support("),
             (WORKER, "dflash_worker_v2.py", 9): _absent("model_worker_batch: ScheduleBatch,"),
             (WORKER, "dflash_worker_v2.py", 10): _absent("if draft_hidden is None:"),
-            (WORKER, "dflash_worker_v2.py", 12): _absent("batch=model_worker_batch,"),
+            (WORKER, "dflash_worker_v2.py", 11): _absent(
+                "model_worker_batch.out_cache_loc = verify_out_cache_loc"
+            ),
+            (WORKER, "dflash_worker_v2.py", 13): _absent("batch=model_worker_batch,"),
         },
         unreviewed={"widened": 4},
-        also_rewritten=(HELPERS, ATTN_BACKEND),
+        also_rewritten=(SERVER_ARGS, HELPERS),
     ),
     # 0.5.16: the enum, the hidden-state relay and the algorithm help gained DSPARK, whose fields
     # follow the DFLASH block size; the worker builds its draft runner through
@@ -94,7 +103,10 @@ LINEAGES = (
     # commit in a flag set at init; SpecInput's token scaling became a function; the Mamba pools
     # moved to mem_cache/kv_cache_configurator.py; dflash_utils' sampled-verify tail, the context
     # of 0004's scoring-request helpers, changed. It asks is_dflash_family() at most runtime
-    # gates, so most of its new sites are widened.
+    # gates, so most of its new sites are widened. Both sets are on the v2 design (THIN-SETS.md),
+    # so the patches that land port to 0.5.16's as they are (0006 too, its backend check being
+    # in 0002's call in both); the worker's import hunk (1) reaches the spec_info import and
+    # fails on 0.5.16's imports, its Mamba commit hunk is 15 (42 hunks in all).
     Lineage(
         "0.5.15",
         "0.5.16",
@@ -109,11 +121,14 @@ LINEAGES = (
             (SERVER_ARGS, "server_args.py", 2): "context line "
             "'speculative_accept_threshold_single: A[' does not match line 1753 "
             "('speculative_dspark_block_size: A[') at the closest match (3 of 6 lines)",
+            (WORKER, "dflash_worker_v2.py", 1): _absent(
+                "from sglang.srt.speculative.triton_ops.cache_locs import assign_extend_cache_..."
+            ),
             (WORKER, "dflash_worker_v2.py", 2): _absent(
                 "# Draft runner (separate KV cache + attention backend).", "removed"
             ),
             (WORKER, "dflash_worker_v2.py", 6): _absent("if get_tp_group().world_size != 1:"),
-            (WORKER, "dflash_worker_v2.py", 14): _absent("if need_mamba_verify_commit:"),
+            (WORKER, "dflash_worker_v2.py", 15): _absent("if need_mamba_verify_commit:"),
             (HELPERS, "dflash_utils.py", 5): "context line 'row_ids = torch.arange(bs, "
             "dtype=torch.long, device=device)' does not match line 790 ('target_probs,') at the "
             "closest match (7 of 11 lines)",
@@ -127,7 +142,7 @@ LINEAGES = (
             },
         },
         unreviewed={"widened": 14, "covered": 2, "dflash-only": 1},
-        hunks=43,
+        hunks=42,
     ),
     # 0.5.17: the server-args fields carry NS("spec") (published into its config bags); the worker
     # imports the exec bag and the grammar and simulated-acceptance helpers, and masks a grammar
@@ -136,7 +151,10 @@ LINEAGES = (
     # needed a deep copy of the read-only server args, the draft runner's spec-bag scope and the
     # grammar refusal. New sites: string gates around the
     # ReplaySSM spec-verify and lazy Mamba caching (covered), grammar overlap, an NPU verify layout
-    # and two gates 0.5.17 rewrote (widened).
+    # and two gates 0.5.17 rewrote (widened). Both sets are on the v2 design (THIN-SETS.md): the
+    # worker's spec_info import hunk (2) fails on 0.5.17's imports, its draft-tokens hunk (13,
+    # without the window's slots, now the verify step's) lands with fuzz, and its accept hunk
+    # is 15.
     Lineage(
         "0.5.16",
         "0.5.17",
@@ -144,11 +162,11 @@ LINEAGES = (
             (SERVER_ARGS, "server_args.py", 1): "context line '] = None' does not match line "
             "2027 ('NS(\"spec\"),') at the closest match (4 of 7 lines)",
             (WORKER, "dflash_worker_v2.py", 1): "context line ')' does not match line 31 ('from "
-            "sglang.srt.server_args import ServerArgs') at the closest match (8 of 14 lines)",
-            (WORKER, "dflash_worker_v2.py", 12): "context line 'lm_head=lm_head,' does not match "
-            "line 1649 ('draft_tokens[:, 1:].copy_(draft_next)') at the closest match (18 of 24 "
-            "lines)",
-            (WORKER, "dflash_worker_v2.py", 13): "context line 'candidates = draft_tokens' does "
+            "sglang.srt.server_args import ServerArgs') at the closest match (7 of 13 lines)",
+            (WORKER, "dflash_worker_v2.py", 2): _absent(
+                "from sglang.srt.speculative.spec_utils import assign_req_to_token_pool_func"
+            ),
+            (WORKER, "dflash_worker_v2.py", 15): "context line 'candidates = draft_tokens' does "
             "not match line 1718 ('# Constrain every chain position before accept picks from "
             "it.') at the closest match (6 of 12 lines)",
             (HELPERS, "dflash_utils.py", 2): _absent(
@@ -162,6 +180,7 @@ LINEAGES = (
             },
         },
         unreviewed={"covered": 3, "widened": 4},
+        also_rewritten=(ENUM, BACKEND),
         hunks=44,
     ),
     # 0.5.18: spec_utils and the KV-cache configurator read the spec bag and runtime_context's
@@ -173,6 +192,9 @@ LINEAGES = (
     # the read-only guard, 0.5.18 having no ServerArgs.override; 0003 refuses a tree on a head
     # without a dense weight.) New sites: the DFlash draft pool's KV cell size and the spec worker's draft runners
     # (widened), and the FutureMap relay gate spec_utils now asks of the spec bag (covered).
+    # Both sets are on the v2 design (THIN-SETS.md): the worker's import of spec_info's loader
+    # is one more hunk, so the log-prob guard's is 14 (50 hunks in all: 0001 gains the loader's
+    # hunk, 0006 keeps one of its three); the failed hunks are the fat sets' ones.
     Lineage(
         "0.5.17",
         "0.5.18",
@@ -187,7 +209,7 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 1): _absent(
                 "from sglang.srt.runtime_context import get_exec", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 13): _absent(
+            (WORKER, "dflash_worker_v2.py", 14): _absent(
                 'if getattr(batch, "return_logprob", False):', "removed"
             ),
             (HELPERS, "dflash_utils.py", 2): _absent(
@@ -205,16 +227,19 @@ LINEAGES = (
             ),
         },
         unreviewed={"covered": 1, "widened": 2},
-        hunks=51,
+        also_rewritten=(BACKEND,),
+        hunks=50,
     ),
     # Back from 0.5.23: 0.5.22 has no spec-decode metrics tuple, no dflash_dp module and no
     # draft_parallel import; its worker keeps the draft placement in `draft_owns_attention`
     # (0.5.23: `draft_parallel_layout`), has no deferred target-verify gather (so no
     # `target_predict`) and no `target_dp_enabled`; its dflash_utils ends past the line 0.5.23's
-    # helpers follow. Two worker hunks that apply were rewritten too: 14 named
-    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 12's tree
-    # accept took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
-    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened).
+    # helpers follow. Two worker hunks that apply were rewritten too: 15 named
+    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 13's
+    # `_ddtree_accept` took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
+    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on the v2 design
+    # (THIN-SETS.md): the failed hunks are the fat sets' ones, the worker's shifted by one (its
+    # import of spec_info's loader, 3, lands).
     Lineage(
         "0.5.23",
         "0.5.22",
@@ -223,19 +248,19 @@ LINEAGES = (
             (WORKER, "dflash_worker_v2.py", 1): _absent(
                 "from sglang.srt.speculative.dflash_dp import gather_draft_embedding"
             ),
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "with draft_pp_context(), draft_tp_context(self.draft_parallel_layout):", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 6): _absent(
+            (WORKER, "dflash_worker_v2.py", 7): _absent(
                 "self._target_logits_processor = self._defer_target_verify_gather()"
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent(
+            (WORKER, "dflash_worker_v2.py", 8): _absent(
                 "draft_tp_context(self.draft_parallel_layout),"
             ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent(
                 "target_dp_enabled = get_parallel().attn_dp_enabled"
             ),
-            (WORKER, "dflash_worker_v2.py", 18): _absent(
+            (WORKER, "dflash_worker_v2.py", 20): _absent(
                 "target_predict=target_predict,", "removed"
             ),
             (HELPERS, "dflash_utils.py", 5): "its lines match only before the end of the "
@@ -248,26 +273,31 @@ LINEAGES = (
     ),
     # 0.5.21 enters the draft's TP scope through its own `self.draft_tp_context(group,
     # owns_attention=...)` (0.5.22: `draft_tp_context(self.draft_owns_attention)`), plans no KV
-    # window (no `kv_loc_plan`) and captures no sampling mask. Hunk 14, the tree proposal, applies
-    # but was rewritten into 0.5.21's context (its group argument); the accept hunk (18) keeps
-    # 0.5.21's `target_predict` and runs SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for
-    # DFLASH only. New site: the scheduler's DFlash request validation, whose method 0.5.22
+    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on the v2 design
+    # (THIN-SETS.md), so only the worker is rewritten: its import of spec_info's loader (3) has
+    # 0.5.22's sampling-mask import as context; hunks 15, the tree proposal, and 17, the verify
+    # input, apply but were rewritten into 0.5.21's context (its group argument; no KV plan for
+    # a wider tree's window); the accept hunk (20) reads the logit rows for a sampling mask 0.5.21
+    # does not capture, and 0.5.21 skips SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for
+    # DDTREE after it. New site: the scheduler's DFlash request validation, whose method 0.5.22
     # renamed (widened).
     Lineage(
         "0.5.22",
         "0.5.21",
         failed={
             (WORKER, "dflash_worker_v2.py", 3): _absent(
-                "self.draft_owns_attention = get_parallel().attn_dp_enabled"
+                "from sglang.srt.speculative.spec_sampling_mask import ("
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent(
-                "draft_tp_context(self.draft_owns_attention),"
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
+                "self.draft_owns_attention = get_parallel().attn_dp_enabled"
             ),
             (WORKER, "dflash_worker_v2.py", 8): _absent(
                 "draft_tp_context(self.draft_owns_attention),"
             ),
-            (WORKER, "dflash_worker_v2.py", 15): _absent("kv_loc_plan=kv_loc_plan,", "removed"),
-            (WORKER, "dflash_worker_v2.py", 18): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent(
+                "draft_tp_context(self.draft_owns_attention),"
+            ),
+            (WORKER, "dflash_worker_v2.py", 20): _absent(
                 "sampling_mask_capture = SpeculativeSamplingMaskCapture.from_logits("
             ),
         },
@@ -277,10 +307,12 @@ LINEAGES = (
     # (0.5.21: self.hybrid_kda_config); its draft-window warning lists ("EAGLE3", "DFLASH") and
     # its DFLASH device check names no `algorithm`; its worker enters no draft_pp_context, passes
     # the draft runner's TP group alone to `self.draft_tp_context` and has no LiLiCorr head. Hunk
-    # 6 (`_init_ddtree`) applies but refused LiLiCorr drafts through `self.lilicorr`, which 0.5.20
+    # 7 (`_init_ddtree`) applies but refused LiLiCorr drafts through `self.lilicorr`, which 0.5.20
     # never sets (test_verify_path_worker_v2's name check holds that). New sites: the draft-window
     # warning (covered), an NPU replay copy 0.5.21 splits in two, the draft runner's input-embeds
-    # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm.
+    # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm. Both sets are
+    # on the v2 design (THIN-SETS.md): the failed hunks are the fat sets' ones, the worker's one
+    # more (its import of spec_info's loader, 3) shifting their indices.
     Lineage(
         "0.5.21",
         "0.5.20",
@@ -290,16 +322,17 @@ LINEAGES = (
                 'if cfg.speculative_algorithm not in ("EAGLE", "EAGLE3", "DFLASH"):', "removed"
             ),
             (SERVER_ARGS, _PS_HOOK, 2): _absent('algorithm = "DFLASH"', "removed"),
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "with draft_pp_context(), draft_init_ctx:", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 9): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 15): _absent(
+            (WORKER, "dflash_worker_v2.py", 8): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 10): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 16): _absent(
                 "if lilicorr_q_rows is not None and not _is_all_greedy(batch.sampling_info):"
             ),
         },
         unreviewed={"covered": 1, "widened": 3},
+        also_rewritten=(HELPERS, TREE_MASK),
     ),
     # 0.5.19 (the last release whose argument fields are annotated in server_args.py): no UNO
     # member to anchor DDTREE after, no arg_groups/fields/spec.py (0002 adds the fields to
@@ -307,7 +340,9 @@ LINEAGES = (
     # worker enters no draft TP scope, has no Domino head, and its third Mamba request pool spells
     # its layer ids inline. One hunk lands with fuzz 2 in the wrong place: the tree's retrieve
     # arrays would replace the chain's after the sampling kernel ran, not before, so 0004 was
-    # rewritten. 0.5.19 has no gate site 0.5.20's set does not review.
+    # rewritten. 0.5.19 has no gate site 0.5.20's set does not review. Both sets are on the v2
+    # design (THIN-SETS.md): the worker's spec_info import (hunk 2) lands, so its failed hunks are
+    # the fat sets' lines one index on (4, 6, 8, 9, 15).
     Lineage(
         "0.5.20",
         "0.5.19",
@@ -319,25 +354,26 @@ LINEAGES = (
                 for i in (1, 2)
             },
             (SERVER_ARGS, _PS_HOOK, 2): _absent("if not (", "removed"),
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "draft_init_ctx = draft_tp_context(get_parallel().attn_tp_group)"
             ),
-            (WORKER, "dflash_worker_v2.py", 5): _absent(
+            (WORKER, "dflash_worker_v2.py", 6): _absent(
                 "if self._is_domino and self.block_size <= 1:"
             ),
             **{
                 (WORKER, "dflash_worker_v2.py", i): _absent(
                     "with self.draft_tp_context(self.draft_model_runner.tp_group):", "removed"
                 )
-                for i in (7, 8)
+                for i in (8, 9)
             },
-            (WORKER, "dflash_worker_v2.py", 14): _absent("anchor_token_ids=block_ids[:, 0],"),
+            (WORKER, "dflash_worker_v2.py", 15): _absent("anchor_token_ids=block_ids[:, 0],"),
             (MAMBA_POOL, "kv_cache_configurator.py", 3): _absent(
                 "mamba_layer_ids=self._get_mamba_layer_ids_for_req_pool(),"
             ),
         },
         unreviewed={},
         fuzzed=((HELPERS, "dflash_utils.py", 3),),
+        also_rewritten=(TREE_MASK,),
     ),
 )
 LINEAGE_IDS = [f"{case.source}-to-{case.release}" for case in LINEAGES]

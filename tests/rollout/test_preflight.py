@@ -9,6 +9,7 @@ import pytest
 from ddtree_deploy.config import DeployConfig, compose_config
 from ddtree_deploy.errors import PreflightRefused
 from ddtree_deploy.hosts.facts import HostFacts, parse_probe_output
+from ddtree_deploy.rollout.pipeline import kernels_step
 from ddtree_deploy.rollout.preflight import Verdict, run_preflight
 
 GPU_LINE = "{i}, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 97887, 580.95.05"
@@ -137,3 +138,15 @@ def test_preflight_marks_staging_host_gpu_and_init_as_staging() -> None:
     )
     verdicts = {c.name: c.verdict for c in run_preflight(cfg, facts).checks}
     assert verdicts["gpus"] is Verdict.staging and verdicts["init"] is Verdict.staging
+
+
+def test_the_kernels_step_holds_to_the_api_of_the_hosts_patch_set(ct200: DeployConfig) -> None:
+    from ddtree_kernels.sglang import API_VERSION
+
+    def facts(version: str | None) -> HostFacts:
+        return HostFacts(host="ct200", python_path="/opt/sglang/bin/python", sglang_version=version)
+
+    assert kernels_step(ct200, facts("0.5.14")).module_api == API_VERSION  # a thin set
+    assert kernels_step(ct200, facts("0.4.0")).module_api is None  # preflight refuses it
+    assert kernels_step(ct200, facts(None)).module_api is None
+    assert kernels_step(ct200, None).module_api is None

@@ -17,12 +17,30 @@ import sys
 from types import SimpleNamespace
 
 import sglang.srt.speculative.dflash_utils as U
+import sglang.srt.speculative.spec_info as SI
 import torch
 from checklib import Group, check, same
 from ddtree_kernels import ops
+from ddtree_kernels import sglang as ddtree_module
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.speculative.dflash_info import DDTreeVerifyInput, DFlashVerifyInput
 from sglang.srt.speculative.spec_info import SpecInputType, SpeculativeAlgorithm
+
+
+class _Helpers:
+    """The set's DDTREE helpers by the names the fat sets define in dflash_utils (`ddtree_X`); a
+    set on ddtree_kernels.sglang calls the module's X (THIN-SETS.md), and its dflash_utils keeps
+    only what DFLASH code calls (`ddtree_verify_uses_tree_mask`, `ddtree_draft_block_size`; 0.5.17
+    and 0.5.18 also their draft runner's server args and spec-bag scope and their request
+    validation)."""
+
+    def __getattr__(self, name: str):
+        if hasattr(U, name):
+            return getattr(U, name)
+        return getattr(ddtree_module, name.removeprefix("ddtree_"))
+
+
+D = _Helpers()
 
 
 def plain_topk(hidden: torch.Tensor, weight: torch.Tensor, k: int):
@@ -60,7 +78,7 @@ def topk_single_rank():
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
         weight = torch.randn(500, 32, generator=g).to(dtype)
-        logp, ids = U.ddtree_draft_topk_logprobs(hidden, weight, 6, num_org=500, chunk_size=16)
+        logp, ids = D.ddtree_draft_topk_logprobs(hidden, weight, 6, num_org=500, chunk_size=16)
         ref_logp, ref_ids = plain_topk(hidden, weight, 6)
         out[str(dtype)] = {
             "ids_equal": same(ids, ref_ids),
@@ -70,7 +88,7 @@ def topk_single_rank():
     # Only the first num_org rows of the shard are vocabulary (the rest is padding).
     weight = torch.randn(64, 32, generator=g)
     weight[50:] = 100.0
-    _, ids = U.ddtree_draft_topk_logprobs(hidden, weight, 4, num_org=50)
+    _, ids = D.ddtree_draft_topk_logprobs(hidden, weight, 4, num_org=50)
     out["padding_ignored"] = bool((ids < 50).all())
     return out
 
@@ -85,7 +103,7 @@ def topk_tensor_parallel():
     group = Group(tp)
 
     def rank(r: int):
-        return U.ddtree_draft_topk_logprobs(
+        return D.ddtree_draft_topk_logprobs(
             hidden,
             weight[r * shard : (r + 1) * shard],
             k,
@@ -110,7 +128,7 @@ def merge_ties_to_smaller_id():
     logp = torch.tensor([[[-1.0, -2.0]], [[-1.0, -3.0]]])
     ids = torch.tensor([[[3, 4]], [[7, 9]]])
     log_z = torch.zeros(2, 1)
-    m_logp, m_ids = U.ddtree_merge_tp_topk(logp, ids, log_z, 3)
+    m_logp, m_ids = D.ddtree_merge_tp_topk(logp, ids, log_z, 3)
     want_z = torch.logsumexp(torch.zeros(2), 0)
     return {
         "ids": m_ids.tolist(),
@@ -134,16 +152,16 @@ def tree_full_width():
     logp, ids, roots = _tree_inputs(bs, width - 1, k, 3)
     prefix = [5, 0, 11]
     prefix_t = torch.tensor(prefix)
-    tree = U.ddtree_build_verify_tree(
+    tree = D.ddtree_build_verify_tree(
         logp=logp, ids=ids, root_tokens=roots, prefix_lens=prefix_t,
         budget=width - 1, width=width, prefix_lens_sum=sum(prefix),
     )  # fmt: skip
     ref = ops.build_tree(logp, ids, roots, prefix_t, width - 1, sum(prefix))
     fields_equal = all(same(getattr(tree, f), getattr(ref, f)) for f in ref._fields)
     numel = width * sum(prefix) + bs * width * width
-    helper_mask = U.ddtree_flat_tree_mask(ref.ancestor_mask, prefix_t, numel)
+    helper_mask = D.ddtree_flat_tree_mask(ref.ancestor_mask, prefix_t, numel)
     # An upper bound of the prefix sum (overlap scheduling): same layout, True tail.
-    upper = U.ddtree_build_verify_tree(
+    upper = D.ddtree_build_verify_tree(
         logp=logp, ids=ids, root_tokens=roots, prefix_lens=prefix_t, budget=width - 1,
         width=width, prefix_lens_sum=sum(prefix) + 9, prefix_lens_sum_exact=False,
     )  # fmt: skip
@@ -165,7 +183,7 @@ def tree_padded_to_width():
     logp, ids, roots = _tree_inputs(bs, width - 1, k, 4)
     prefix = [3, 6]
     prefix_t = torch.tensor(prefix)
-    tree = U.ddtree_build_verify_tree(
+    tree = D.ddtree_build_verify_tree(
         logp=logp, ids=ids, root_tokens=roots, prefix_lens=prefix_t,
         budget=budget, width=width, prefix_lens_sum=sum(prefix),
     )  # fmt: skip
@@ -198,7 +216,7 @@ def tree_padded_to_width():
 @check
 def verify_input_type():
     width = 4
-    tree = U.ddtree_chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
+    tree = D.ddtree_chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
     vi = DDTreeVerifyInput(
         draft_token=tree.tokens.reshape(-1),
         positions=tree.positions.reshape(-1),
@@ -240,19 +258,19 @@ def accept_and_commit():
     width = tokens.shape[1]
     walk = ops.verify_walk(tokens, parents, target, width - 1)
     prefix = torch.tensor([40])
-    drafts, commit_lens, bonus, out_tokens, new_seq_lens = U.ddtree_accept_outputs(
+    drafts, commit_lens, bonus, out_tokens, new_seq_lens = D.ddtree_accept_outputs(
         walk.accept_len, walk.accept_tokens, walk.bonus, prefix
     )
     cache_loc = torch.tensor([[100, 101, 102, 103, 104, 105]])
     commit = ops.commit_indices(walk.accept_index, cache_loc)
-    tgt, src = U.ddtree_kv_move_pairs(commit.src, commit.dst)
+    tgt, src = D.ddtree_kv_move_pairs(commit.src, commit.dst)
     # A KV pool whose slot s holds the value s, moved with SGLang's own native move.
     k_buf = [torch.arange(128, dtype=torch.float32).view(128, 1, 1).repeat(1, 2, 3)]
     v_buf = [k_buf[0] * -1]
     move_kv_cache_native(k_buf, v_buf, tgt, src)
     kept = k_buf[0][cache_loc[0], 0, 0].tolist()
     hidden = torch.arange(width + 2, dtype=torch.float32).unsqueeze(1) * 10  # 2 padding rows
-    path_hidden = U.ddtree_gather_path_rows(hidden, commit.hidden_rows, width)
+    path_hidden = D.ddtree_gather_path_rows(hidden, commit.hidden_rows, width)
     return {
         "accept_index": walk.accept_index.tolist(),
         "drafts": drafts.tolist(),
@@ -280,7 +298,7 @@ def sampling_walk_outputs():
     accept_index[0, :4] = torch.tensor([0, 2, 3, 5], dtype=torch.int32)
     accept_index[1, 0] = 6
     num = torch.tensor([3, 0], dtype=torch.int32)
-    local, accept_len, tokens, bonus = U.ddtree_walk_from_sampling(
+    local, accept_len, tokens, bonus = D.ddtree_walk_from_sampling(
         predicts, accept_index, num, width
     )
     tokens_b, parents_b, target_b = branching_case()
@@ -299,10 +317,10 @@ def sampling_walk_outputs():
 def mamba_steps():
     accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
     commit = torch.tensor([4, 1], dtype=torch.int32)
-    last, _ = U.ddtree_mamba_steps(accept_index, commit, None)
-    _, tracked = U.ddtree_mamba_steps(accept_index, commit, torch.tensor([2, -1]))
+    last, _ = D.ddtree_mamba_steps(accept_index, commit, None)
+    _, tracked = D.ddtree_mamba_steps(accept_index, commit, torch.tensor([2, -1]))
     chain = torch.arange(6).expand(2, 6)
-    chain_last, _ = U.ddtree_mamba_steps(chain, commit, None)
+    chain_last, _ = D.ddtree_mamba_steps(chain, commit, None)
     return {
         "last": last.tolist(),
         "tracked": tracked.tolist(),
@@ -334,11 +352,15 @@ def init_results(W, init) -> dict:
         saved = sys.modules.get("ddtree_kernels")
         sys.modules["ddtree_kernels"] = None  # import now raises ImportError
         try:
-            return U.load_ddtree_kernels()
+            return getattr(U_LOADER, LOADER)()
         finally:
             sys.modules["ddtree_kernels"] = saved
 
-    with patched(W, load_ddtree_kernels=missing_kernels):
+    # The loader the worker calls first: dflash_utils' `load_ddtree_kernels` in the fat sets,
+    # spec_info's `load_ddtree` (ddtree_kernels.sglang at the set's API) in a set on the module.
+    LOADER = "load_ddtree_kernels" if hasattr(W, "load_ddtree_kernels") else "load_ddtree"
+    U_LOADER = U if hasattr(U, LOADER) else SI
+    with patched(W, **{LOADER: missing_kernels}):
         blocked = init(ddtree_spec())
     return {
         "tree": init(ddtree_spec()),
@@ -387,7 +409,7 @@ def shadow_linear_results(W, worker_of, dflash_accept, tree_accept) -> dict:
 
     d_len, d_bonus, d_out, d_commit = dflash_accept(candidates, target)
 
-    tree = U.ddtree_chain_tree(candidates, prefix)
+    tree = D.ddtree_chain_tree(candidates, prefix)
     t_len, t_commit, t_bonus, t_out, t_seq, accept_index = tree_accept(
         worker, tree, candidates, target, prefix, vocab
     )
@@ -428,7 +450,7 @@ def propose_tree_results(W, tp_group, host_kwargs, overlap_kwargs) -> dict:
     draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
     roots = torch.tensor([1, 2, 3])
     prefix = torch.tensor([4, 9, 2])
-    worker = SimpleNamespace(_ddtree_topk=3, _ddtree_budget=block - 1, _ddtree_width=block)
+    worker = worker_double(topk=3, budget=block - 1, width=block, block=block)
     kwargs = dict(draft_hidden=draft_hidden, root_tokens=roots, prefix_lens=prefix,
                   **host_kwargs(SimpleNamespace(seq_lens_cpu=prefix.clone())))  # fmt: skip
     propose = W.DFlashWorkerV2._ddtree_propose_tree
@@ -485,6 +507,29 @@ def propose_tree_results(W, tp_group, host_kwargs, overlap_kwargs) -> dict:
     }
 
 
+def worker_double(*, topk: int, budget: int, width: int, block: int) -> SimpleNamespace:
+    """A tree-mode DFlashWorkerV2 after `_init_ddtree`, as far as the tree proposal reads it: the
+    settings as the fat sets keep them (`_ddtree_topk`, ...) and as a set on
+    ddtree_kernels.sglang's `Verifier` keeps them (`_ddtree`, THIN-SETS.md)."""
+    settings = ddtree_module.Settings(mode="tree", budget=budget, topk=topk, width=width)
+    return SimpleNamespace(
+        _ddtree_topk=topk, _ddtree_budget=budget, _ddtree_width=width,
+        _ddtree=ddtree_module.Verifier(settings, block),
+    )  # fmt: skip
+
+
+def settings_of(worker) -> SimpleNamespace:
+    """The (mode, budget, topk, width) a worker double holds after `_init_ddtree`: its
+    `Verifier`'s settings (a set on ddtree_kernels.sglang's Verifier) or the fat sets' fields."""
+    verifier = getattr(worker, "_ddtree", None)
+    if verifier is not None:
+        return verifier.settings
+    return SimpleNamespace(
+        mode=worker._ddtree_mode, budget=worker._ddtree_budget, topk=worker._ddtree_topk,
+        width=worker._ddtree_width,
+    )  # fmt: skip
+
+
 def ddtree_spec(**kw):
     base = dict(
         speculative_num_draft_tokens=8,  # the verify width
@@ -533,19 +578,19 @@ def wide_init_results(init_worker) -> dict:
     )
     return {
         "tree": {
-            "width": worker._ddtree_width,
-            "budget": worker._ddtree_budget,
+            "width": settings_of(worker).width,
+            "budget": settings_of(worker).budget,
             "block": worker.block_size,
         },
         "budget_over_width": error_of(lambda: init_worker(over_width, block=BLOCK)),
         "topk_over_kernel": error_of(lambda: init_worker(topk_17, block=BLOCK)),
         # What __init__ gives the drafter (and its runner): DDTREE tree, DFLASH, shadow_linear.
         "draft_block": [
-            U.ddtree_draft_block_size(SpeculativeAlgorithm.DDTREE, wide),
-            U.ddtree_draft_block_size(
+            D.ddtree_draft_block_size(SpeculativeAlgorithm.DDTREE, wide),
+            D.ddtree_draft_block_size(
                 SpeculativeAlgorithm.DFLASH, SimpleNamespace(speculative_num_draft_tokens=8)
             ),
-            U.ddtree_draft_block_size(SpeculativeAlgorithm.DDTREE, shadow),
+            D.ddtree_draft_block_size(SpeculativeAlgorithm.DDTREE, shadow),
         ],
     }
 
@@ -559,7 +604,7 @@ def wide_propose_results(W, tp_group, host_kwargs) -> dict:
     weight = torch.randn(vocab, hidden_size, generator=g)
     draft_hidden = torch.randn(bs, BLOCK, hidden_size, generator=g)
     roots, prefix = torch.tensor([1, 2, 3]), torch.tensor([4, 9, 2])
-    worker = SimpleNamespace(_ddtree_topk=8, _ddtree_budget=BUDGET, _ddtree_width=WIDTH)
+    worker = worker_double(topk=8, budget=BUDGET, width=WIDTH, block=BLOCK)
     with patched(W, **tp_group(SimpleNamespace(world_size=1))):
         tree = W.DFlashWorkerV2._ddtree_propose_tree(
             worker, draft_hidden=draft_hidden, lm_head=SimpleNamespace(weight=weight),
@@ -606,7 +651,7 @@ def wide_accept_results(W, worker, accept, draft_rows) -> dict:
     prefix = torch.tensor([5, 11])
     logits = torch.randn(bs, BLOCK - 1, vocab, generator=torch.Generator().manual_seed(17)) * 3
     top = ops.topk_logprobs(logits, 8)
-    tree = U.ddtree_build_verify_tree(
+    tree = D.ddtree_build_verify_tree(
         logp=top.logp, ids=top.ids, root_tokens=torch.tensor([7, 8]), prefix_lens=prefix,
         budget=BUDGET, width=WIDTH, prefix_lens_sum=int(prefix.sum()),
     )  # fmt: skip
@@ -637,14 +682,14 @@ def wide_accept_results(W, worker, accept, draft_rows) -> dict:
 
     req_to_token = torch.arange(3 * 100).view(3, 100) + 1000
     pool_rows = torch.tensor([2, 0])
-    loc = U.ddtree_window_cache_loc(req_to_token, pool_rows, prefix, WIDTH)
+    loc = D.ddtree_window_cache_loc(req_to_token, pool_rows, prefix, WIDTH)
     commit = ops.commit_indices(accept_index, loc)
-    tgt, src = U.ddtree_kv_move_pairs(commit.src, commit.dst)
+    tgt, src = D.ddtree_kv_move_pairs(commit.src, commit.dst)
     k_buf = [torch.arange(1400, dtype=torch.float32).view(1400, 1, 1)]
     v_buf = [-k_buf[0]]
     move_kv_cache_native(k_buf, v_buf, tgt, src)
     hidden = torch.arange(bs * WIDTH, dtype=torch.float32).unsqueeze(1)
-    path_hidden = U.ddtree_gather_path_rows(hidden, commit.hidden_rows, WIDTH)
+    path_hidden = D.ddtree_gather_path_rows(hidden, commit.hidden_rows, WIDTH)
     fed = draft_rows(path_hidden, bs).view(bs, BLOCK)
     kv_ok = hidden_ok = True
     for b in range(bs):
@@ -691,11 +736,11 @@ def patched_modules_import():
 @check
 def capture_mask_predicate():
     return {
-        "ddtree_tree": U.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DDTREE, ddtree_spec()),
-        "ddtree_shadow": U.ddtree_verify_uses_tree_mask(
+        "ddtree_tree": D.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DDTREE, ddtree_spec()),
+        "ddtree_shadow": D.ddtree_verify_uses_tree_mask(
             SpeculativeAlgorithm.DDTREE, ddtree_spec(speculative_ddtree_mode="shadow_linear")
         ),
-        "dflash": U.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DFLASH, ddtree_spec()),
+        "dflash": D.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DFLASH, ddtree_spec()),
     }
 
 
@@ -709,10 +754,69 @@ def hybrid_refusal():
         "tree_dense": dict(mode="tree", is_hybrid=False, allow_hybrid_unsafe=False),
     }.items():
         try:
-            U.ddtree_check_hybrid_target(**kw)
+            D.ddtree_check_hybrid_target(**kw)
             out[name] = ""
         except ValueError as e:
             out[name] = str(e)
+    return out
+
+
+# ------------------------------------------------------------------ the module's API
+
+
+def api_refusal_results(init) -> dict:
+    """A set on ddtree_kernels.sglang (THIN-SETS.md): its DDTREE logic is the module's, at the
+    API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py, which
+    server-argument handling and the worker's `_init_ddtree` (real, through `init(spec)`: the
+    release's worker double, as for worker_init) call first) refuses at start, in one sentence,
+    a module of another API version (the module's frozen `require`) or none; DFLASH's modules
+    import, and its predicates answer, with no ddtree_kernels at all. TEST DOUBLES: the worker
+    and the installed module's version (patched)."""
+    import importlib
+
+    import ddtree_kernels.sglang as module
+
+    def refusal(fn) -> str:
+        try:
+            fn()
+        except RuntimeError as e:
+            return str(e)
+        return ""
+
+    wanted = SI.DDTREE_SGLANG_API
+    out = {"wanted": wanted, "module": module.API_VERSION, "loads": SI.load_ddtree() is module}
+    with patched(module, API_VERSION=wanted + 1):
+        out["newer"] = refusal(SI.load_ddtree)
+        out["worker_newer"] = init(ddtree_spec())
+    import ddtree_kernels
+
+    # An older ddtree_kernels, without the module.
+    sys.modules["ddtree_kernels.sglang"] = None
+    del ddtree_kernels.sglang
+    try:
+        out["missing"] = refusal(SI.load_ddtree)
+    finally:
+        sys.modules["ddtree_kernels.sglang"] = ddtree_kernels.sglang = module
+    # DFLASH without any ddtree_kernels: fresh imports of the patched modules.
+    for name in [n for n in sys.modules if n.startswith("ddtree_kernels")]:
+        sys.modules[name] = None
+    for name in (
+        "sglang.srt.speculative.spec_info",
+        "sglang.srt.speculative.dflash_utils",
+        "sglang.srt.speculative.dflash_worker_v2",
+    ):
+        del sys.modules[name]
+    fresh = importlib.import_module("sglang.srt.speculative.dflash_utils")
+    importlib.import_module("sglang.srt.speculative.dflash_worker_v2")
+    fresh_spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
+    out["dflash_without_kernels"] = {
+        "imports": True,
+        "tree_mask": fresh.ddtree_verify_uses_tree_mask(SpeculativeAlgorithm.DFLASH, ddtree_spec()),
+        "block": fresh.ddtree_draft_block_size(
+            SpeculativeAlgorithm.DFLASH, SimpleNamespace(speculative_num_draft_tokens=16)
+        ),
+        "ddtree_loader": refusal(fresh_spec_info.load_ddtree),
+    }
     return out
 
 

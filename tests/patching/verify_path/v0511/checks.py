@@ -5,6 +5,11 @@ Run as `python checks.py NAME... | all` with the patched `sglang/` first on PYTH
 req_to_token kernel then runs on CPU tensors), and this folder's parent (checklib.py: each check
 runs in its own fork, the imports paid once, and prints one JSON line the pytest side asserts on).
 
+The sets are thin (THIN-SETS.md, the v2 design): their DDTREE logic is ddtree_kernels.sglang's,
+which these checks reach through the set's own loader (`ddtree = spec_info.load_ddtree()`, as the
+worker holds it); the worker's hunks are compiled from the patched worker and run with test
+doubles.
+
 What is real: every DDTREE function the patches add, DFlashVerifyInput (prepare_for_verify,
 verify), SGLang's ForwardMode, vocab shard indices, Triton req_to_token writer and native KV
 move, the hybrid backend's verify metadata and its Triton conv kernel (interpreted). TEST
@@ -24,6 +29,7 @@ from types import SimpleNamespace
 
 import sglang.srt.speculative.dflash_info as info
 import sglang.srt.speculative.dflash_utils as utils
+import sglang.srt.speculative.spec_info as SI
 import torch
 from checklib import Group, check, conv_over_tree_links, main
 from ddtree_kernels import reference
@@ -31,6 +37,8 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+ddtree = SI.load_ddtree()  # ddtree_kernels.sglang, as the set's worker holds it
 
 # ---------------------------------------------------------------- test doubles
 
@@ -110,6 +118,21 @@ def allocate_window(batch: FakeBatch) -> None:
     info.alloc_paged_token_slots_extend = lambda *a: batch.window.clone()
 
 
+def from_draft(*, logp, ids, root_tokens, prefix_lens, budget, width, shadow=False):
+    """The verify input the worker hunk (_prepare_ddtree_verify) builds, through
+    ddtree_kernels.sglang: the tree of the draft's top-k `logp`/`ids` [bs, L, K] at
+    the verify width; shadow_linear: DFlash's argmax chain (`ids` [bs, L, 1]) as a tree."""
+    prefix = torch.tensor(prefix_lens)
+    if shadow:
+        chain = torch.cat([root_tokens.unsqueeze(1), ids[..., 0]], 1)
+        return info.DDTreeVerifyInput.from_tree(ddtree.chain_tree(chain, prefix), shadow=True)
+    tree = ddtree.build_verify_tree(
+        logp=logp, ids=ids, root_tokens=root_tokens, prefix_lens=prefix, budget=budget,
+        width=width, prefix_lens_sum=sum(prefix_lens),
+    )  # fmt: skip
+    return info.DDTreeVerifyInput.from_tree(tree, shadow=False)
+
+
 def prepare(verify_input, batch: FakeBatch, page_size: int, build_custom_mask: bool) -> None:
     """Run the real prepare_for_verify with the window's slots as the allocation."""
     allocate_window(batch)
@@ -146,9 +169,7 @@ def run_verify(
 
 def _rank_topk(hs, heads, k, group, rank):
     """One TP rank's DDTree top-k over its shard of the head."""
-    return utils.ddtree_topk_logprobs_from_vocab_parallel_head(
-        hidden_states=hs, lm_head=heads[rank], k=k, tp_group=group, chunk_size=3
-    )
+    return ddtree.vocab_parallel_topk_logprobs(hs, heads[rank], k, group, chunk_size=3)
 
 
 def shard_head(
@@ -192,11 +213,12 @@ def draft_logprobs():
                 "ids_equal": all(torch.equal(o[1], want_ids[:, :k]) for o in outs),
                 "tie_row_ids": outs[0][1][3].tolist(),
             }
-    chain = utils.ddtree_chain_logprobs(torch.tensor([[5, 6, 7], [1, 2, 3]]))
+    chain = ddtree.chain_tree(torch.tensor([[4, 5, 6, 7], [0, 1, 2, 3]]), torch.tensor([2, 9]))
     return {
         "cases": results,
-        "chain_ids": chain[1].squeeze(-1).tolist(),
-        "chain_logp": chain[0].abs().sum().item(),
+        "chain_ids": chain.tokens[:, 1:].tolist(),
+        "chain_parents": chain.parents.tolist(),
+        "chain_positions": chain.positions.tolist(),
     }
 
 
@@ -230,12 +252,11 @@ def tree_arrays():
     out = {}
     for budget in (5, 3):
         logp, ids = random_draft(3, width - 1, 3)
-        vi = info.DDTreeVerifyInput.from_draft(
+        vi = from_draft(
             logp=logp,
             ids=ids,
             root_tokens=roots,
-            prefix_lens=torch.tensor(prefixes),
-            prefix_lens_cpu=torch.tensor(prefixes),
+            prefix_lens=prefixes,
             budget=budget,
             width=width,
         )
@@ -251,8 +272,8 @@ def tree_arrays():
             "tokens": torch.equal(tokens[:, :n], ref.tokens) and bool((tokens[:, n:] == 0).all()),
             "positions": torch.equal(pos[:, :n], ref.positions)
             and torch.equal(pos[:, n:], torch.tensor(prefixes).unsqueeze(1).expand(3, width - n)),
-            "parents": torch.equal(vi.parents[:, :n], ref.parents)
-            and bool((vi.parents[:, n:] == -1).all()),
+            "parents": torch.equal(vi.tree_parents[:, :n], ref.parents)
+            and bool((vi.tree_parents[:, n:] == -1).all()),
             "next_token": torch.equal(vi.retrieve_next_token[:, :n], ref.retrieve_next_token),
             "next_sibling": torch.equal(vi.retrieve_next_sibling[:, :n], ref.retrieve_next_sibling),
             "retrieve_index": torch.equal(vi.retrieve_index, torch.where(real, rows, -1)),
@@ -265,13 +286,12 @@ def tree_arrays():
         }
     # shadow_linear: the chain's tree mask is DFlash's own causal mask (its real builder).
     chain = torch.tensor([[21, 22, 23, 24, 25], [31, 32, 33, 34, 35], [41, 42, 43, 44, 45]])
-    logp, ids = utils.ddtree_chain_logprobs(chain)
-    shadow = info.DDTreeVerifyInput.from_draft(
+    logp, ids = None, chain.unsqueeze(-1)  # DFlash's argmax chain
+    shadow = from_draft(
         logp=logp,
         ids=ids,
         root_tokens=roots,
-        prefix_lens=torch.tensor(prefixes),
-        prefix_lens_cpu=torch.tensor(prefixes),
+        prefix_lens=prefixes,
         budget=width - 1,
         width=width,
         shadow=True,
@@ -289,12 +309,11 @@ def tree_arrays():
         masks[str(build)] = (
             None if vi.custom_mask is None else torch.equal(vi.custom_mask, dflash.custom_mask)
         )
-    tree_vi = info.DDTreeVerifyInput.from_draft(
+    tree_vi = from_draft(
         logp=random_draft(3, width - 1, 3)[0],
         ids=random_draft(3, width - 1, 3)[1],
         root_tokens=roots,
-        prefix_lens=torch.tensor(prefixes),
-        prefix_lens_cpu=torch.tensor(prefixes),
+        prefix_lens=prefixes,
         budget=5,
         width=width,
     )
@@ -337,16 +356,15 @@ def accept_commit_case(width: int, depth: int, k: int, vocab: int, seed: int) ->
     logp, ids = random_draft(2, depth, k, vocab=vocab, seed=seed)
     out = {}
     for page_size in (1, 4):
-        vi = info.DDTreeVerifyInput.from_draft(
+        vi = from_draft(
             logp=logp,
             ids=ids,
             root_tokens=roots,
-            prefix_lens=torch.tensor(prefixes),
-            prefix_lens_cpu=torch.tensor(prefixes),
+            prefix_lens=prefixes,
             budget=width - 1,
             width=width,
         )
-        tokens, parents = vi.draft_token.view(2, width), vi.parents
+        tokens, parents = vi.draft_token.view(2, width), vi.tree_parents
         # The target agrees with a deep branch: at each node it names the token of the node's
         # last child that has children of its own (else its last child; never the first of
         # several), ending with a token outside the tree (the bonus).
@@ -379,6 +397,7 @@ def accept_commit_case(width: int, depth: int, k: int, vocab: int, seed: int) ->
                 want_slots.append(window[b, :commit].tolist())
                 want_kv.append([float(window[b, i]) for i in path[:commit]])
             out.setdefault(f"path_depth_p{page_size}", []).append(len(path) - 1)
+        node_steps, _ = ddtree.mamba_steps(vi.accept_index, torch.tensor(want_commit), None)
         out[f"page{page_size}"] = {
             "tokens": got["output_ids"] == want_tokens,
             "commit_lens": got["commit_lens"] == want_commit,
@@ -395,7 +414,7 @@ def accept_commit_case(width: int, depth: int, k: int, vocab: int, seed: int) ->
             "seq_lens": got["seq_lens"]
             == [p + c for p, c in zip(prefixes, want_commit, strict=True)],
             "accept_index_root_first": vi.accept_index[:, 0].tolist() == [0, 0],
-            "node_steps": vi.committed_node_steps(torch.tensor(want_commit) - 1).tolist()
+            "node_steps": node_steps.tolist()
             == [walk_by_hand(tokens, parents, target, b)[0][want_commit[b] - 1] for b in range(2)],
             "draft_token_num": vi.draft_token_num == width,
         }
@@ -407,16 +426,54 @@ def accept_commit():
     out = accept_commit_case(width=6, depth=5, k=3, vocab=60, seed=3)
     # A 64-token verify (budget 63) over the drafter's 15 positions, top-8: the wide tree mode.
     out["wide"] = accept_commit_case(width=64, depth=15, k=8, vocab=300, seed=4)
-    steps = info.DDTreeVerifyInput(
-        draft_token=torch.zeros(8, dtype=torch.int64),
-        positions=torch.zeros(8, dtype=torch.int64),
-        draft_token_num=4,
-        accept_index=torch.tensor([[0, 2, 3, -1], [0, -1, -1, -1]]),
-    ).committed_node_steps(torch.tensor([2, -1]))
-    out["node_steps_keep_minus_one"] = steps.tolist()
-    out["path_order"] = utils.ddtree_path_order(
+    out["mamba_hunk"] = mamba_commit_hunk()
+    out["path_rows"] = ddtree.path_rows(
         torch.tensor([[0, 3, 5, -1, -1, -1], [0, -1, -1, -1, -1, -1]]), 6
     ).tolist()
+    return out
+
+
+def mamba_commit_hunk() -> dict:
+    """The worker's Mamba commit (real, compiled from the patched worker): under DDTREE the
+    committed step and the tracked step (-1 kept) become tree nodes along the accepted path;
+    a DFlash verify input keeps its steps. TEST DOUBLES: the worker, its backend (records the
+    call), the batch. Request 0 commits 3 tokens and crosses a tracking point at step 2."""
+    import sglang
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    ns = {
+        "torch": torch,
+        "Optional": __import__("typing").Optional,
+        "ScheduleBatch": ScheduleBatch,
+        "DFlashVerifyInput": info.DFlashVerifyInput,
+        "DDTreeVerifyInput": info.DDTreeVerifyInput,
+    }
+    path = Path(sglang.__file__).parent / "srt/speculative/dflash_worker.py"
+    commit_fn = function_from(path, "DFlashWorker._update_target_mamba_state_after_verify", ns)
+    out = {}
+    zeros = torch.zeros(8, dtype=torch.int64)
+    for name, vi in (
+        ("ddtree", info.DDTreeVerifyInput(
+            draft_token=zeros, positions=zeros, draft_token_num=4,
+            accept_index=torch.tensor([[0, 2, 3, -1], [0, -1, -1, -1]]),
+        )),
+        ("dflash", info.DFlashVerifyInput(draft_token=zeros, positions=zeros, draft_token_num=4)),
+    ):  # fmt: skip
+        seen: dict = {}
+        backend = SimpleNamespace(update_mamba_state_after_mtp_verify=seen.update)
+        worker = SimpleNamespace(
+            target_worker=SimpleNamespace(model_runner=SimpleNamespace(attn_backend=backend, model=None)),
+            server_args=SimpleNamespace(mamba_track_interval=4), _ddtree=ddtree,
+        )  # fmt: skip
+        batch = SimpleNamespace(
+            mamba_track_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([8, 10])
+        )
+        commit_fn(
+            worker, batch=batch, seq_lens_pre_verify=torch.tensor([5, 9]),
+            commit_lens=torch.tensor([3, 1], dtype=torch.int32), verify_input=vi,
+        )  # fmt: skip
+        steps = seen.get("accepted_steps", seen.get("last_correct_step_indices"))  # 0.5.12's name
+        out[name] = [steps.tolist(), seen["mamba_steps_to_track"].tolist()]
     return out
 
 
@@ -457,13 +514,12 @@ def shadow_equals_dflash():
                             draft_token_num=width,
                         )
                     else:
-                        logp, ids = utils.ddtree_chain_logprobs(chain)
-                        vi = info.DDTreeVerifyInput.from_draft(
+                        logp, ids = None, chain.unsqueeze(-1)  # DFlash's argmax chain
+                        vi = from_draft(
                             logp=logp,
                             ids=ids,
                             root_tokens=roots,
-                            prefix_lens=torch.tensor(prefixes),
-                            prefix_lens_cpu=torch.tensor(prefixes),
+                            prefix_lens=prefixes,
                             budget=width - 1,
                             width=width,
                             shadow=True,
@@ -499,6 +555,34 @@ class _Sampling:
 # ---------------------------------------------------------------- small helpers
 
 
+def init_ddtree(server_args, *, hybrid: bool = False) -> dict:
+    """The worker's start-up hunk `_init_ddtree` (real, compiled from the patched worker):
+    spec_info's load_ddtree, then the module's Verifier.start. TEST DOUBLE: the worker (block 16, on
+    CPU; a hybrid target's backend has the Mamba commit)."""
+    import sglang
+
+    init = function_from(
+        Path(sglang.__file__).parent / "srt/speculative/dflash_worker.py",
+        "DFlashWorker._init_ddtree",
+        {"torch": torch, "ServerArgs": object, "logger": None, "load_ddtree": SI.load_ddtree},
+    )  # fmt: skip
+    backend = SimpleNamespace(**({"update_mamba_state_after_mtp_verify": 1} if hybrid else {}))
+    worker = SimpleNamespace(
+        block_size=16, device="cpu", tp_rank=1, model_runner=SimpleNamespace(attn_backend=backend)
+    )
+    try:
+        init(worker, server_args)
+    except Exception as e:  # reported, asserted on by the test
+        return {"error": f"{type(e).__name__}: {e}"}
+    cfg = worker.ddtree_settings
+    return {
+        "shadow": cfg.mode == "shadow_linear",
+        "budget": cfg.budget,
+        "topk": cfg.topk,
+        "width": cfg.width,
+    }
+
+
 @check
 def helpers():
     out = {}
@@ -525,19 +609,10 @@ def helpers():
 
     def config(**kw):
         hybrid = kw.pop("hybrid", False)
-        try:
-            cfg = utils.DDTreeConfig.from_server_args(
-                args(**kw), block_size=16, is_hybrid=hybrid, device="cpu"
-            )
-            return {
-                "ok": True,
-                "shadow": cfg.shadow,
-                "budget": cfg.budget,
-                "topk": cfg.topk,
-                "width": cfg.width,
-            }
-        except (ValueError, RuntimeError) as e:
-            return {"ok": False, "error": str(e)}
+        got = init_ddtree(args(**kw), hybrid=hybrid)
+        if "error" in got:
+            return {"ok": False, "error": got["error"].split(": ", 1)[1]}
+        return {"ok": True, **got}
 
     out["config"] = {
         "plain": config(),
@@ -568,24 +643,19 @@ def helpers():
     finally:
         sys.modules["ddtree_kernels"] = saved
 
-    # Target tokens: greedy = argmax; sampled = inverse CDF of the filtered softmax.
+    # Target tokens (sampled): the inverse CDF of the filtered softmax, per node.
     g = torch.Generator().manual_seed(9)
     logits = torch.randn(6, 30, generator=g)
-    out["greedy_is_argmax"] = torch.equal(
-        utils.ddtree_target_tokens(next_token_logits=logits, sampling_info=None, draft_token_num=3),
-        torch.argmax(logits, dim=-1),
-    )
     sampling = SimpleNamespace(
-        is_all_greedy=False,
         temperatures=torch.tensor([[0.7], [1.3]]),
         top_ks=torch.tensor([1, 5]),
         top_ps=torch.tensor([1.0, 0.6]),
-        need_top_p_sampling=True,
     )
     uniforms = torch.rand(6, generator=g)
-    got = utils.ddtree_target_tokens(
-        next_token_logits=logits, sampling_info=sampling, draft_token_num=3, uniforms=uniforms
-    )
+    got = ddtree.sample_target_tokens(
+        logits, 3, temperatures=sampling.temperatures, top_ks=sampling.top_ks,
+        top_ps=sampling.top_ps, uniforms=uniforms,
+    )  # fmt: skip
     want = []
     for r in range(6):
         b = r // 3
@@ -648,10 +718,7 @@ def worker_and_server_hunks():
         "ForwardMode": ForwardMode,
         "DDTreeVerifyInput": info.DDTreeVerifyInput,
         "DFlashVerifyInput": info.DFlashVerifyInput,
-        "ddtree_chain_logprobs": utils.ddtree_chain_logprobs,
-        "ddtree_topk_logprobs_from_vocab_parallel_head": utils.ddtree_topk_logprobs_from_vocab_parallel_head,
         "resolve_dflash_verify_mask_policy": utils.resolve_dflash_verify_mask_policy,
-        "ddtree_build_custom_mask": utils.ddtree_build_custom_mask,
         "get_tp_group": lambda: Group(1),
     }
     prepare_fn = function_from(
@@ -671,9 +738,8 @@ def worker_and_server_hunks():
 
     for mode in ("tree", "shadow_linear"):
         worker = SimpleNamespace(
-            ddtree=SimpleNamespace(
-                shadow=mode == "shadow_linear", topk=3, budget=width - 1, width=width
-            ),
+            ddtree_settings=SimpleNamespace(mode=mode, topk=3, budget=width - 1, width=width),
+            _ddtree=ddtree,
             block_size=width,
             page_size=1,
             server_args=SimpleNamespace(
@@ -713,11 +779,8 @@ def worker_and_server_hunks():
     out["wide"] = wide_prepare(prepare_fn, FlashInferAttnBackend())
 
     def refusal(backends, mode="tree", device="cuda"):
-        fake = SimpleNamespace(
-            speculative_ddtree_mode=mode, device=device, get_attention_backends=lambda: backends
-        )
         try:
-            ServerArgs._handle_ddtree_attention_backend(fake)
+            handle_ddtree_args(mode=mode, device=device, backends=backends)
             return None
         except ValueError as e:
             return str(e)
@@ -737,6 +800,22 @@ def worker_and_server_hunks():
     return out
 
 
+def handle_ddtree_args(
+    *, mode="tree", device="cuda", backends=("flashinfer", "flashinfer")
+) -> None:
+    """0002's `_handle_ddtree_args` (real: one call into the module through spec_info's
+    load_ddtree, the tree-mask backend check included) on the fields it reads and writes.
+    TEST DOUBLE: the server arguments (block 16, no budget or topk given)."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = SimpleNamespace(
+        speculative_num_draft_tokens=16, speculative_ddtree_mode=mode,
+        speculative_ddtree_budget=None, speculative_ddtree_topk=None, device=device,
+        get_attention_backends=lambda: backends,
+    )  # fmt: skip
+    ServerArgs._handle_ddtree_args(args)
+
+
 def wide_prepare(prepare_fn, attn_backend) -> dict:
     """The worker hunk in wide tree mode: a 16-token drafter block, a 64-token verify (budget
     63, top-8). The verify input must be 64 wide: tokens, positions, mask, 64 KV slots."""
@@ -749,7 +828,8 @@ def wide_prepare(prepare_fn, attn_backend) -> dict:
     )
     draft_hidden = torch.randn(bs, block, hidden_size)
     worker = SimpleNamespace(
-        ddtree=SimpleNamespace(shadow=False, topk=8, budget=width - 1, width=width),
+        ddtree_settings=SimpleNamespace(mode="tree", topk=8, budget=width - 1, width=width),
+        _ddtree=ddtree,
         block_size=block,
         page_size=1,
         server_args=SimpleNamespace(speculative_algorithm="DDTREE", speculative_ddtree_mode="tree"),
@@ -819,12 +899,11 @@ def hybrid_case(width: int, depth: int, k: int, budget: int) -> dict:
     prefixes = [4, 0, 7]
     bs = len(prefixes)
     logp, ids = random_draft(bs, depth, k, vocab=max(50, 4 * k))
-    vi = info.DDTreeVerifyInput.from_draft(
+    vi = from_draft(
         logp=logp,
         ids=ids,
         root_tokens=torch.tensor([11, 12, 13]),
-        prefix_lens=torch.tensor(prefixes),
-        prefix_lens_cpu=torch.tensor(prefixes),
+        prefix_lens=prefixes,
         budget=budget,
         width=width,
     )
@@ -860,8 +939,91 @@ def hybrid_case(width: int, depth: int, k: int, budget: int) -> dict:
         ._forward_metadata(verify)
         .retrieve_next_token
         is None,
-        **conv_over_tree_links(causal_conv1d_update, eager, vi.parents, budget + 1),
+        **conv_over_tree_links(causal_conv1d_update, eager, vi.tree_parents, budget + 1),
     }
+
+
+# ---------------------------------------------------------------- the thin set's API check
+
+
+@check
+def ddtree_api_refusal():
+    """The thin set (THIN-SETS.md, the v2 design): its DDTREE logic is ddtree_kernels.sglang's, at
+    the API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py),
+    which the server arguments' `_handle_ddtree_args` and the worker's `_init_ddtree` (both real)
+    call first, refuses at start, in one sentence, a module of another API version (the module's
+    frozen `require`) or none; DFLASH's modules import, and its predicates answer, with no
+    ddtree_kernels at all (the worker, which needs a GPU to import, is read: every name it
+    imports from the set's modules is there without the kernels, and it imports no kernels).
+    TEST DOUBLES: the worker and server arguments (as for helpers) and the installed module's
+    version (patched)."""
+    import importlib
+
+    import ddtree_kernels
+    import sglang
+
+    def refusal(fn) -> str:
+        try:
+            fn()
+        except RuntimeError as e:
+            return str(e)
+        return ""
+
+    wanted = SI.DDTREE_SGLANG_API
+    spec = SimpleNamespace(
+        speculative_algorithm="DDTREE", speculative_ddtree_mode="tree",
+        speculative_ddtree_budget=15, speculative_ddtree_topk=8,
+        speculative_ddtree_allow_hybrid_unsafe=False, speculative_num_draft_tokens=16,
+    )  # fmt: skip
+    out = {"wanted": wanted, "module": ddtree.API_VERSION, "loads": SI.load_ddtree() is ddtree}
+    ddtree.API_VERSION = wanted + 1
+    try:
+        out["newer"] = refusal(SI.load_ddtree)
+        out["worker_newer"] = init_ddtree(spec)
+        out["args_newer"] = refusal(handle_ddtree_args)
+    finally:
+        ddtree.API_VERSION = out["module"]
+    # An older ddtree_kernels, without the module.
+    sys.modules["ddtree_kernels.sglang"] = None
+    del ddtree_kernels.sglang
+    try:
+        out["missing"] = refusal(SI.load_ddtree)
+    finally:
+        sys.modules["ddtree_kernels.sglang"] = ddtree_kernels.sglang = ddtree
+    worker = ast.parse(
+        (Path(sglang.__file__).parent / "srt/speculative/dflash_worker.py").read_text()
+    )
+    taken = [
+        (node.module, a.name)
+        for node in worker.body
+        if isinstance(node, ast.ImportFrom)
+        for a in node.names
+    ]
+    modules = [module or "" for module, _ in taken] + [
+        a.name for node in worker.body if isinstance(node, ast.Import) for a in node.names
+    ]
+    # DFLASH without any ddtree_kernels: fresh imports of the patched modules.
+    for name in [n for n in sys.modules if n.startswith("ddtree_kernels")]:
+        sys.modules[name] = None
+    own = ("spec_info", "dflash_utils", "dflash_info")
+    for name in own:
+        del sys.modules[f"sglang.srt.speculative.{name}"]
+    fresh = {n: importlib.import_module(f"sglang.srt.speculative.{n}") for n in own}
+    dflash = SimpleNamespace(speculative_algorithm="DFLASH", speculative_num_draft_tokens=16)
+    out["dflash_without_kernels"] = {
+        "imports": True,
+        "tree_mask": fresh["dflash_utils"].ddtree_build_custom_mask(dflash, False),
+        "block": fresh["dflash_utils"].dflash_draft_block_size(dflash),
+        "ddtree_loader": refusal(fresh["spec_info"].load_ddtree),
+        "worker_missing_names": [
+            name
+            for module, name in taken
+            if module in {f"sglang.srt.speculative.{n}" for n in own}
+            and not hasattr(sys.modules[module], name)
+        ],
+        "worker_imports_kernels": [m for m in modules if m.startswith("ddtree_kernels")],
+    }
+    return out
 
 
 if __name__ == "__main__":

@@ -76,7 +76,10 @@ def test_draft_logprobs_equal_plain_torch_incl_tp_merge(check: Callable[[str], d
         assert res["ids_equal"], case
         assert res["max_logp_err"] < 1e-5, case
         assert res["tie_row_ids"] == [0, 1, 2, 3], case  # ties go to the smaller token id
-    assert got["chain_ids"] == [[5, 6, 7], [1, 2, 3]] and got["chain_logp"] == 0.0
+    # shadow_linear's tree: DFlash's chain, each node the previous one's child, at prefix + depth
+    assert got["chain_ids"] == [[5, 6, 7], [1, 2, 3]]
+    assert got["chain_parents"] == [[-1, 0, 1, 2]] * 2
+    assert got["chain_positions"] == [[2, 3, 4, 5], [9, 10, 11, 12]]
 
 
 @pytest.mark.parametrize("budget", ["budget5", "budget3"])  # full width, and padded to it
@@ -105,8 +108,9 @@ def test_accept_commit_path_ordered_kv_and_hidden(check: Callable[[str], dict], 
     assert all(got[page].values()), got[page]
     # the chosen branch is a deep one through non-first children, so reordering is exercised
     assert max(got[f"path_depth_p{page[4:]}"]) >= 2
-    assert got["node_steps_keep_minus_one"] == [3, -1]
-    assert got["path_order"] == [[0, 3, 5, 1, 2, 4], [0, 1, 2, 3, 4, 5]]
+    # the worker's Mamba commit: path steps become tree nodes (a tracked -1 stays); DFLASH's not
+    assert got["mamba_hunk"] == {"ddtree": [[3, 0], [3, -1]], "dflash": [[2, 0], [2, -1]]}
+    assert got["path_rows"] == [0, 3, 5, 1, 2, 4, 6, 7, 8, 9, 10, 11]
 
 
 @pytest.mark.parametrize("page", ["page1", "page4"])
@@ -137,8 +141,8 @@ def test_helpers_config_and_target_tokens(check: Callable[[str], dict]) -> None:
     assert not cfg["budget_too_big"]["ok"]
     assert "does not fit the verify width" in cfg["budget_too_big"]["error"]
     assert not cfg["kernels_missing"]["ok"]
-    assert "needs the `ddtree_kernels` package" in cfg["kernels_missing"]["error"]
-    assert got["greedy_is_argmax"] and got["top_k1_is_argmax"]
+    assert "needs the ddtree_kernels package" in cfg["kernels_missing"]["error"]
+    assert got["top_k1_is_argmax"]
     assert got["sampled_tokens"]["got"] == got["sampled_tokens"]["want"]
 
 
@@ -149,7 +153,7 @@ def test_worker_config_takes_the_verify_width(check: Callable[[str], dict]) -> N
     assert wide["config"] == {"ok": True, "shadow": False, "budget": 63, "topk": 8, "width": 64}
     assert wide["budget_over_width"] == {
         "ok": False,
-        "error": "DDTREE budget 63 does not fit the verify width 16: it must be between 1 and 15.",
+        "error": "DDTREE budget 63 does not fit the verify width 16 (budget + 1 <= width).",
     }
     assert wide["topk_over_kernel"]["error"] == "ddtree: the tree build needs 1 <= K <= 16; got 17"
     assert wide["draft_block"] == [16, 8, 16]  # tree: the block; DFLASH, shadow: the width

@@ -39,21 +39,31 @@ from sglang.version import __version__ as RELEASE
 from worker_v2_checks import (
     BLOCK,
     WIDTH,
+    D,
+    api_refusal_results,
     argmax_logits,
     branching_case,
+    ddtree_module,
     ddtree_spec,
     init_results,
     patched,
     propose_tree_results,
+    settings_of,
     shadow_linear_results,
     wide_accept_results,
     wide_init_results,
     wide_propose_results,
 )
 
+# A set on ddtree_kernels.sglang's Verifier (THIN-SETS.md says which): its worker accepts a
+# verify step's tree in `_ddtree_accept` (the release's sampler, then `Step.accept`), and its
+# tree-mode commit hands the draft KV the path's rows in block layout (`block_rows`). The fat
+# sets keep `_ddtree_accept_block` and their own row slicing.
+VERIFIER = hasattr(W.DFlashWorkerV2, "_ddtree_accept")
+
 
 def _tp_group(group) -> dict:
-    """0.5.14's and 0.5.15's workers reach their TP group through get_tp_group()."""
+    """0.5.14's to 0.5.16's workers reach their TP group through get_tp_group()."""
     return {"get_tp_group": lambda: group}
 
 
@@ -61,14 +71,17 @@ def _exact_host_kwargs(batch) -> dict:
     """`_ddtree_propose_tree`'s host arguments when it may size the mask exactly. 0.5.14: the
     batch (as model_worker_batch) with its committed lengths, no bound on the draft input.
     0.5.15: no host lengths at all (it then sums the device lengths)."""
-    if RELEASE == "0.5.14":
+    if RELEASE == "0.5.14":  # (the bounds' sums: fields of the real DFlashDraftInputV2)
         return {
             "model_worker_batch": batch,
-            "draft_input": SimpleNamespace(planning_seq_lens_cpu=None, reserved_seq_lens_cpu=None),
-        }
+            "draft_input": SimpleNamespace(
+                planning_seq_lens_cpu=None, planning_seq_lens_sum=None,
+                reserved_seq_lens_cpu=None, reserved_seq_lens_sum=None,
+            ),
+        }  # fmt: skip
     return {
         "batch": SimpleNamespace(seq_lens_cpu=None),
-        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None),
+        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None, reserved_seq_lens_sum=None),
     }
 
 
@@ -83,11 +96,12 @@ def _overlap_host_kwargs(prefix: torch.Tensor, block: int) -> dict:
                 planning_seq_lens_cpu=prefix + 2 * block,
                 planning_seq_lens_sum=int(prefix.sum()) + len(prefix) * 2 * block,
                 reserved_seq_lens_cpu=None,
+                reserved_seq_lens_sum=None,
             ),
         }
     return {
         "batch": SimpleNamespace(seq_lens_cpu=prefix.clone()),
-        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None),
+        "draft_input": SimpleNamespace(reserved_seq_lens_cpu=None, reserved_seq_lens_sum=None),
     }
 
 
@@ -101,10 +115,18 @@ def _dflash_out_tokens(candidates, accept_len, bonus):
     return out, accept_len.to(torch.int32) + 1
 
 
-def _accept(worker, tree, logits, prefix, bs):
+def _accept(worker, tree, logits, prefix, sampling_info=None, draft_input=None):
+    """The worker's accept over `tree`: 6 outputs (DFLASH's five and the path's nodes)."""
+    if VERIFIER:  # the worker's accept of a verify step over `tree`
+        step = ddtree_module.Step(
+            tree=tree, mode="tree", cache_loc=None, prefix_lens=prefix,
+            block_size=int(worker.block_size),
+        )  # fmt: skip
+        out = W.DFlashWorkerV2._ddtree_accept(worker, step, logits, sampling_info, draft_input)
+        return (*out, step.accept_index)
     return W.DFlashWorkerV2._ddtree_accept_block(
-        worker, tree=tree, next_token_logits=logits, sampling_info=None, draft_input=None,
-        prefix_lens=prefix, bs=bs,
+        worker, tree=tree, next_token_logits=logits, sampling_info=sampling_info,
+        draft_input=draft_input, prefix_lens=prefix, bs=len(prefix),
     )  # fmt: skip
 
 
@@ -117,7 +139,7 @@ def shadow_linear_equals_dflash():
         return (accept_len, bonus, *_dflash_out_tokens(candidates, accept_len, bonus))
 
     def tree_accept(worker, tree, candidates, target, prefix, vocab):
-        return _accept(worker, tree, argmax_logits(target, vocab), prefix, len(prefix))
+        return _accept(worker, tree, argmax_logits(target, vocab), prefix)
 
     return shadow_linear_results(
         W, lambda block: SimpleNamespace(block_size=block, _ddtree_ops=ops), dflash_accept,
@@ -164,11 +186,15 @@ def _init(server_args, *, hybrid=False, block=8, lm_head=None):
         worker = _init_worker(server_args, hybrid=hybrid, block=block, lm_head=lm_head)
     except Exception as e:  # reported, asserted on by the test
         return {"error": f"{type(e).__name__}: {e}"}
+    settings = settings_of(worker)
     return {
         "mode": worker._ddtree_mode,
-        "budget": worker._ddtree_budget,
-        "topk": worker._ddtree_topk,
-        "ops_loaded": worker._ddtree_ops is ops,
+        "budget": settings.budget,
+        "topk": settings.topk,
+        # The ops at hand: the fat sets keep them, a set on the module keeps its Verifier
+        # (ddtree_kernels.sglang, which imports them).
+        "ops_loaded": getattr(worker, "_ddtree_ops", None) is ops
+        or isinstance(getattr(worker, "_ddtree", None), ddtree_module.Verifier),
     }
 
 
@@ -190,7 +216,7 @@ def worker_accept_tree_greedy():
     width = tokens.shape[1]
     tree = SimpleNamespace(tokens=tokens, parents=parents)
     worker = SimpleNamespace(block_size=width, _ddtree_ops=ops)
-    out = _accept(worker, tree, argmax_logits(target, 100), torch.tensor([40]), 1)
+    out = _accept(worker, tree, argmax_logits(target, 100), torch.tensor([40]))
     drafts, commit, bonus, out_tokens, seq, accept_index = out
     return {
         "drafts": drafts.tolist(),
@@ -210,6 +236,7 @@ def worker_mamba_commit():
         target_worker=SimpleNamespace(
             model_runner=SimpleNamespace(attn_backend=backend, model=None)
         ),
+        _ddtree=ddtree_module.Verifier(None, 6),  # a set on the module: its per-step helpers
         _need_mamba_verify_commit=True,  # 0.5.16: set in init_attention_backends
     )
     batch = SimpleNamespace(  # 0.5.17 also hands the backend the request pool indices
@@ -240,17 +267,16 @@ def wide_propose_tree():
 
 @check
 def wide_accept_and_commit():
-    def accept(worker, tree, logits, prefix, sampling_info, draft_input):
-        return W.DFlashWorkerV2._ddtree_accept_block(
-            worker, tree=tree, next_token_logits=logits, sampling_info=sampling_info,
-            draft_input=draft_input, prefix_lens=prefix, bs=len(prefix),
-        )  # fmt: skip
+    def draft_rows(rows, bs):
+        # The worker feeds the draft KV each verify window's first block_size rows: a set on
+        # the Verifier through Step.commit's `block_rows`, the fat sets by slicing the view.
+        if VERIFIER:
+            return ddtree_module.block_rows(rows, bs, WIDTH, BLOCK)
+        return rows.view(bs, WIDTH, -1)[:, :BLOCK]
 
-    # 0.5.14's worker feeds the draft KV the first block_size rows of each verify window.
     return wide_accept_results(
-        W, SimpleNamespace(block_size=BLOCK, _ddtree_ops=ops), accept,
-        lambda rows, bs: rows.view(bs, WIDTH, -1)[:, :BLOCK],
-    )  # fmt: skip
+        W, SimpleNamespace(block_size=BLOCK, _ddtree_ops=ops), _accept, draft_rows
+    )
 
 
 @check
@@ -289,7 +315,7 @@ def hybrid_tree_links():
     logits = torch.randn(bs, width - 1, 50, generator=torch.Generator().manual_seed(5)) * 3
     top = ops.topk_logprobs(logits, 3)
     # Budget 4: 5 nodes in a width of 6, one padding node per request.
-    tree = U.ddtree_build_verify_tree(
+    tree = D.ddtree_build_verify_tree(
         logp=top.logp, ids=top.ids, root_tokens=torch.tensor([11, 12, 13]), prefix_lens=prefix,
         budget=4, width=width, prefix_lens_sum=int(prefix.sum()),
     )  # fmt: skip
@@ -769,6 +795,14 @@ def decode_after_scoring_request():
     }
 
 
+def ddtree_api_refusal():
+    """A set on ddtree_kernels.sglang (0.5.14, 0.5.15): `api_refusal_results` with this
+    release's worker double."""
+    return api_refusal_results(_init)
+
+
+if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (test_thin_0514.py)
+    check(ddtree_api_refusal)
 if RELEASE != "0.5.14":  # what 0.5.15's to 0.5.17's workers have (test_verify_path_0515.py)
     check(draft_runner_server_args)
     check(draft_sampler_off_in_tree_mode)

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import sglang.srt.speculative.dflash_utils as U
 import sglang.srt.speculative.dflash_worker_v2 as W
 import torch
-from checklib import check, main
+from checklib import check, main, same
 from ddtree_kernels import ops
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.version import __version__ as RELEASE
@@ -35,17 +35,28 @@ from worker_v2_checks import (
     BLOCK,
     BUDGET,
     WIDTH,
+    D,
+    api_refusal_results,
     argmax_logits,
     branching_case,
+    ddtree_module,
     ddtree_spec,
     init_results,
     patched,
     propose_tree_results,
+    settings_of,
     shadow_linear_results,
     wide_accept_results,
     wide_init_results,
     wide_propose_results,
 )
+
+# A set on ddtree_kernels.sglang's Verifier (0.5.19; THIN-SETS.md): its worker accepts a verify
+# step's tree in `_ddtree_accept` (the release's sampler or its TP-synced argmax, then the
+# step's accept) and its tree-mode commit hands the draft KV the path's rows in block layout
+# (`block_rows`, through `Step.commit`). The fat sets keep `_ddtree_accept_block` and their
+# own `ddtree_block_rows`.
+VERIFIER = hasattr(W.DFlashWorkerV2, "_ddtree_accept")
 
 # 0.5.20 to 0.5.22 keep the worker's verify logits gathered and DFlash's greedy accept rule in
 # dflash_utils (0.5.23: a deferred argmax, the rule in sglang.kernels).
@@ -134,8 +145,27 @@ EXTRA_BUFFER = (
 )
 
 
+def _accept(worker, tree, prefix, sampling_info=None, draft_input=None, **verify):
+    """The worker's accept over `tree` (`verify`: `_greedy_verify`'s or the logits): DFLASH's
+    five outputs and the path's nodes, through a verify step on a set on the Verifier."""
+    if VERIFIER:
+        step = ddtree_module.Step(
+            tree=tree, mode="tree", cache_loc=None, prefix_lens=prefix,
+            block_size=int(worker.block_size),
+        )  # fmt: skip
+        logits = verify.pop("next_token_logits")  # 0.5.23's may add its `target_predict`
+        out = W.DFlashWorkerV2._ddtree_accept(
+            worker, step, logits, sampling_info, draft_input, **verify
+        )
+        return (*out, step.accept_index)
+    return W.DFlashWorkerV2._ddtree_accept_block(
+        worker, tree=tree, candidates=tree.tokens, sampling_info=sampling_info,
+        draft_input=draft_input, prefix_lens=prefix, bs=len(prefix), **verify,
+    )  # fmt: skip
+
+
 def _greedy_verify(target, vocab) -> dict:
-    """How the verify's greedy choice reaches `_ddtree_accept_block`: 0.5.23 may hand over the
+    """How the verify's greedy choice reaches the worker's accept: 0.5.23 may hand over the
     argmax its deferred logits gather took (`target_predict`); 0.5.20 to 0.5.22 have no deferred
     gather and always pass the verify logits, so their accept takes no `target_predict`."""
     if GATHERED:
@@ -170,10 +200,7 @@ def shadow_linear_equals_dflash():
         return (accept_len, bonus, *W._commit_accept(candidates, accept_len, bonus))
 
     def tree_accept(worker, tree, candidates, target, prefix, vocab):
-        return W.DFlashWorkerV2._ddtree_accept_block(
-            worker, tree=tree, candidates=candidates, sampling_info=None, draft_input=None,
-            prefix_lens=prefix, bs=len(prefix), **_greedy_verify(target, vocab),
-        )  # fmt: skip
+        return _accept(worker, tree, prefix, **_greedy_verify(target, vocab))
 
     return shadow_linear_results(
         W, lambda block: _dflash_worker_double(block_size=block), dflash_accept, tree_accept
@@ -203,11 +230,15 @@ def _init(spec, *, hybrid=False, **worker_kw):
         worker = _init_worker(spec, hybrid=hybrid, **worker_kw)
     except Exception as e:  # reported, asserted on by the test
         return {"error": f"{type(e).__name__}: {e}"}
+    settings = settings_of(worker)
     return {
         "mode": worker._ddtree_mode,
-        "budget": worker._ddtree_budget,
-        "topk": worker._ddtree_topk,
-        "ops_loaded": worker._ddtree_ops is ops,
+        "budget": settings.budget,
+        "topk": settings.topk,
+        # The ops at hand: the fat sets keep them, a set on the module keeps its Verifier
+        # (ddtree_kernels.sglang, which imports them).
+        "ops_loaded": getattr(worker, "_ddtree_ops", None) is ops
+        or isinstance(getattr(worker, "_ddtree", None), ddtree_module.Verifier),
     }
 
 
@@ -304,10 +335,7 @@ def worker_accept_tree_greedy():
     # Logits whose argmax is `target`: the path used when the logits are materialised.
     logits = torch.full((width, 100), -5.0)
     logits[torch.arange(width), target[0]] = 5.0
-    out = W.DFlashWorkerV2._ddtree_accept_block(
-        worker, tree=tree, candidates=tokens, next_token_logits=logits, sampling_info=None,
-        draft_input=None, prefix_lens=torch.tensor([40]), bs=1,
-    )  # fmt: skip
+    out = _accept(worker, tree, torch.tensor([40]), next_token_logits=logits)
     drafts, commit, bonus, out_tokens, seq, accept_index = out
     return {
         "drafts": drafts.tolist(),
@@ -317,6 +345,43 @@ def worker_accept_tree_greedy():
         "new_seq_lens": seq.tolist(),
         "accept_index": accept_index.tolist(),
         "synced": synced,
+    }
+
+
+@check
+def worker_accept_tree_sampled():
+    """The sampled accept broadcasts the tree sampler's accepted drafts, accept_index and
+    predicts from TP rank 0, in that order, then walks them (the greedy accept's outputs)."""
+    tokens, parents, target = branching_case()
+    width = tokens.shape[1]
+    tree = SimpleNamespace(
+        tokens=tokens, parents=parents, retrieve_index=None, retrieve_next_token=None,
+        retrieve_next_sibling=None,
+    )  # fmt: skip
+    worker = _dflash_worker_double(block_size=width)
+    walk = ops.verify_walk(tokens, parents, target, width - 1)
+    drawn = (walk.accept_len - 1, walk.accept_index.int(), target.reshape(-1).int())
+
+    def sampler(**_):  # TEST DOUBLE for the tree rejection sampler (a CUDA kernel)
+        return drawn[0], None, drawn[1], drawn[2]
+
+    synced = []
+    worker._tp_sync = SimpleNamespace(sync=lambda site, t: synced.append((site.name, t)))
+    logits = argmax_logits(target, 100)
+    with patched(
+        W, is_dflash_sampling_verify_available=lambda: True,
+        compute_dflash_sampling_correct_drafts_and_bonus=sampler,
+    ):  # fmt: skip
+        sampled = _accept(
+            worker, tree, torch.tensor([40]), SimpleNamespace(is_all_greedy=False),
+            SimpleNamespace(max_top_k=None, uniform_top_k_value=None), next_token_logits=logits,
+        )  # fmt: skip
+    worker._tp_sync = SimpleNamespace(sync=lambda site, t: None)
+    greedy = _accept(worker, tree, torch.tensor([40]), next_token_logits=logits)
+    return {
+        "synced": [site for site, _ in synced],
+        "synced_outputs": all(t is d for (_, t), d in zip(synced, drawn, strict=True)),
+        "equal_greedy": all(same(a, b) for a, b in zip(sampled, greedy, strict=True)),
     }
 
 
@@ -333,17 +398,14 @@ def wide_propose_tree():
 @check
 def wide_accept_and_commit():
     def accept(worker, tree, logits, prefix, sampling_info, draft_input):
-        return W.DFlashWorkerV2._ddtree_accept_block(
-            worker, tree=tree, candidates=tree.tokens, next_token_logits=logits,
-            sampling_info=sampling_info, draft_input=draft_input, prefix_lens=prefix,
-            bs=len(prefix),
-        )  # fmt: skip
+        return _accept(worker, tree, prefix, sampling_info, draft_input, next_token_logits=logits)
 
-    # 0.5.20's to 0.5.23's workers put the verify rows in the drafter's block layout
-    # (ddtree_block_rows) before the draft-KV append, the logprobs and the sampling mask read them.
+    # 0.5.19's to 0.5.23's workers put the verify rows in the drafter's block layout
+    # (ddtree_block_rows; 0.5.19's Step.commit, the module's block_rows) before the draft-KV
+    # append, the logprobs and the sampling mask read them.
     return wide_accept_results(
         W, _dflash_worker_double(block_size=BLOCK), accept,
-        lambda rows, bs: U.ddtree_block_rows(rows, bs, WIDTH, BLOCK),
+        lambda rows, bs: D.ddtree_block_rows(rows, bs, WIDTH, BLOCK),
     )  # fmt: skip
 
 
@@ -413,7 +475,7 @@ def wide_draft_runner_width():
         ),
         "dflash": widths("DFLASH", speculative_num_draft_tokens=BLOCK),
         # At the block width the verify rows already are the block layout, the same tensor.
-        "block_rows_untouched": U.ddtree_block_rows(rows, 2, BLOCK, BLOCK) is rows,
+        "block_rows_untouched": D.ddtree_block_rows(rows, 2, BLOCK, BLOCK) is rows,
     }
 
 
@@ -426,6 +488,7 @@ def worker_mamba_commit():
         target_worker=SimpleNamespace(
             model_runner=SimpleNamespace(attn_backend=backend, model=None)
         ),
+        _ddtree=ddtree_module.Verifier(None, 6),  # a set on the module: its per-step helpers
     )
     batch = SimpleNamespace(mamba_track_indices=None, req_pool_indices=torch.tensor([4, 5]))
     accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
@@ -498,6 +561,16 @@ def hybrid_conv_window_layout():
         "ddtree_shadow": pool_topk("DDTREE", "shadow_linear"),
         "dflash": pool_topk("DFLASH", "tree"),
     }
+
+
+def ddtree_api_refusal():
+    """A set on ddtree_kernels.sglang (0.5.19): `api_refusal_results` with this release's
+    worker double."""
+    return api_refusal_results(_init)
+
+
+if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (../v0514/test_thin_0514.py)
+    check(ddtree_api_refusal)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ def test_worker_refuses_selector_drafts_and_syncs_the_greedy_accept(
     assert check("worker_accept_tree_greedy")["synced"] == ["DFLASH_ACCEPT_GREEDY"]
 
 
+def test_worker_syncs_the_sampled_accept_before_walking_it(check: Callable[[str], dict]) -> None:
+    got = check("worker_accept_tree_sampled")
+    assert got["synced"] == ["DFLASH_ACCEPT_SAMPLE"] * 3
+    assert got["synced_outputs"] and got["equal_greedy"]
+
+
 def test_worker_attention_backends_and_sampler(check: Callable[[str], dict]) -> None:
     r = check("worker_attention_and_sampler")
     # The tree path is switched on where SGLang reads it: the linear-attention sub-backend.

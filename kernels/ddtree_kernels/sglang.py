@@ -1,0 +1,1053 @@
+"""DDTree's logic inside SGLang that no SGLang release's internals shape, in one place.
+
+The patch sets under `patches/sglang/<release>/` add DDTree to each SGLang release. What they
+add splits in two: hooks into that release's classes (its worker, verify input, server
+arguments, KV pools), which differ from release to release, and the logic those hooks call,
+which does not. This module is the second part. It ships with the kernels (`action=build-kernels`
+installs both into the SGLang venv), so every release's set imports it instead of carrying its
+own copy, and it is tested once, here, against the kernels' reference (`tests/test_sglang.py`).
+
+What a patched SGLang may rely on is this module's public names at `API_VERSION`. A patched
+SGLang asks for its version at start (`load_ddtree` in its `spec_info.py` calls `require`, whose
+name and meaning never change) and refuses, in one sentence, a module of another version.
+Change a public name's signature or meaning, and the number goes up, with the sets that call it.
+
+Nothing here imports SGLang: the hooks hand in what their release calls things (a TP group with
+`world_size` and `all_gather_into_tensor`, a KV pool's move function, server arguments with the
+`speculative_ddtree_*` fields). Nothing here is reached on the DFLASH path: DFLASH must run on a
+host whose kernels are missing, so predicates DFLASH code calls (the custom-mask predicate of the
+graph runner, the drafter's block size) stay in the sets.
+
+Layout of the verify (the terms used below): a request verifies W = the verify width tokens (the
+DFlash block size B, or budget + 1 for a wider tree), node 0 the root (last step's bonus token);
+an accepted path holds at most B nodes (the drafter's B - 1 positions plus the root).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from ddtree_kernels import ops
+from ddtree_kernels.types import Tree, Walk
+
+API_VERSION = 1
+
+__all__ = [
+    "API_VERSION",
+    "HYBRID_REFUSAL",
+    "MAX_TREE_BUDGET",
+    "TREE_MASK_BACKENDS",
+    "Settings",
+    "Step",
+    "TPGroup",
+    "TreeArgs",
+    "Verifier",
+    "accept_outputs",
+    "accept_tree",
+    "block_rows",
+    "build_verify_tree",
+    "chain_tree",
+    "check_attention_backends",
+    "check_hybrid_target",
+    "commit_path",
+    "draft_topk_logprobs",
+    "flat_tree_mask",
+    "gather_path_rows",
+    "host_prefix_sum",
+    "kv_move_pairs",
+    "lm_head_topk_logprobs",
+    "mamba_steps",
+    "merge_tp_topk",
+    "pad_tree",
+    "propose_tree",
+    "require",
+    "resolve_server_args",
+    "resolve_settings",
+    "resolve_tree_args",
+    "tree_retrieve",
+    "tree_sampler",
+    "verify_input_fields",
+    "walk_from_sampling",
+    "window_cache_loc",
+]
+
+
+def require(api: int) -> ModuleType:
+    """This module, if `api` (the API a release's set was written for) is `API_VERSION`; else a
+    one-sentence startup refusal. A set's loader calls it first, so its name, signature and
+    meaning never change, whatever API_VERSION becomes."""
+    if api != API_VERSION:
+        raise RuntimeError(
+            "--speculative-algorithm DDTREE in this SGLang was written for "
+            f"ddtree_kernels.sglang API {api}, but the installed ddtree_kernels provides "
+            f"API {API_VERSION}; install the matching kernels (ddtree-deploy "
+            "action=build-kernels), or use --speculative-algorithm DFLASH."
+        )
+    return sys.modules[__name__]
+
+
+HYBRID_REFUSAL = (
+    "DDTREE tree mode on a hybrid target (Mamba/GDN layers) can leak recurrent state between "
+    "sibling tree nodes. Use --speculative-ddtree-mode shadow_linear on this model, or pass "
+    "--speculative-ddtree-allow-hybrid-unsafe to run the tree anyway."
+)
+
+
+class TPGroup(Protocol):
+    """What the draft top-k needs of SGLang's TP group (a `GroupCoordinator`)."""
+
+    world_size: int
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None: ...
+
+
+# ------------------------------------------------------------------ start-up
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The DDTREE settings a worker runs with, checked at start."""
+
+    mode: str  # "tree" or "shadow_linear"
+    budget: int  # non-root tree nodes
+    topk: int  # children kept per node
+    width: int  # the target's verify width W (budget + 1 <= W)
+
+
+def check_hybrid_target(*, mode: str, is_hybrid: bool, allow_hybrid_unsafe: bool) -> None:
+    """Refuse tree mode on a recurrent (Mamba/GDN) target unless explicitly allowed: sibling
+    nodes share one recurrent state unless the recurrent kernels follow parents."""
+    if mode == "tree" and is_hybrid and not allow_hybrid_unsafe:
+        raise ValueError(HYBRID_REFUSAL)
+
+
+def resolve_settings(
+    server_args: Any,  # noqa: ANN401 (SGLang's ServerArgs or spec bag, read by field name)
+    *,
+    block_size: int,
+    is_hybrid: bool,
+    on_cuda: bool,
+) -> Settings:
+    """The worker's DDTREE settings from the resolved server arguments, refusing at start what
+    would fail later: tree mode on a hybrid target (unless allowed), a budget past the verify
+    width (`speculative_num_draft_tokens`), a tree the CUDA build refuses, and, in tree mode on
+    CUDA, a missing CUDA extension (which would silently run the slow reference)."""
+    mode = str(server_args.speculative_ddtree_mode)
+    check_hybrid_target(
+        mode=mode,
+        is_hybrid=is_hybrid,
+        allow_hybrid_unsafe=bool(server_args.speculative_ddtree_allow_hybrid_unsafe),
+    )
+    budget = int(server_args.speculative_ddtree_budget)
+    topk = int(server_args.speculative_ddtree_topk)
+    width = int(server_args.speculative_num_draft_tokens)
+    if budget + 1 > width:
+        raise ValueError(
+            f"DDTREE budget {budget} does not fit the verify width {width} (budget + 1 <= width)."
+        )
+    ops.check_tree_limits(block_size - 1, topk, budget)
+    if mode == "tree" and on_cuda:
+        ops.require_cuda()
+    return Settings(mode=mode, budget=budget, topk=topk, width=width)
+
+
+# ------------------------------------------------------------------ server arguments
+
+# The widest tree the sets verify: budget 63, a verify width of 64 (what the sets were checked at).
+MAX_TREE_BUDGET = 63
+# The attention backends that honour a custom tree mask in TARGET_VERIFY, eagerly and in CUDA
+# graphs. FA3 reads one only when speculative_eagle_topk > 1 (DFLASH forces 1); TRT-LLM has none.
+TREE_MASK_BACKENDS = ("flashinfer", "triton")
+
+
+@dataclass(frozen=True)
+class TreeArgs:
+    """The resolved DDTREE server arguments a set writes back its release's way."""
+
+    budget: int
+    topk: int
+    width: int | None  # tree mode: the verify width max(B, budget + 1); None keeps B
+    warning: str | None  # shadow_linear's override of a budget/topk it was given
+
+
+def resolve_tree_args(
+    *, mode: str, budget: int | None, topk: int | None, block_size: int
+) -> TreeArgs:
+    """Validate and resolve the `--speculative-ddtree-*` knobs once the DFlash block size B is
+    known, so every release refuses the same values in the same sentences.
+
+    Tree mode verifies W = max(B, budget + 1) tokens per request, 1 <= budget <= 63 (B - 1 if
+    larger); W becomes the target's verify width while B stays the drafter's, and W never drops
+    below B, so the drafter's block always fits the request's KV reservation. shadow_linear
+    verifies DFLASH's chain: width B, topk 1, budget B - 1 (other values overridden with a
+    warning), so its tokens and acceptance equal DFLASH's. Defaults: budget B - 1, topk
+    min(8, budget). allow_hybrid_unsafe is the worker's to enforce: it sees the layers.
+    """
+    if block_size < 2:
+        raise ValueError(f"DDTREE needs a DFlash block size of at least 2, got {block_size}.")
+    if mode not in ("tree", "shadow_linear"):
+        raise ValueError(
+            f"--speculative-ddtree-mode must be 'tree' or 'shadow_linear', got {mode!r}."
+        )
+    shadow = mode == "shadow_linear"
+    if shadow:
+        max_budget = block_size - 1
+        limit = (
+            f"it must be between 1 and block_size - 1 = {max_budget} "
+            "(shadow_linear verifies the DFlash block of the draft model)"
+        )
+    else:
+        max_budget = max(block_size - 1, MAX_TREE_BUDGET)
+        limit = (
+            f"it must be between 1 and {max_budget} (tree mode verifies at most "
+            f"{max_budget + 1} tokens per request)"
+        )
+    if budget is not None:
+        budget = int(budget)
+        if budget > max_budget:
+            raise ValueError(
+                f"--speculative-ddtree-budget {budget} exceeds the verify width: {limit}."
+            )
+        if budget < 1:
+            raise ValueError(f"--speculative-ddtree-budget {budget} is below the minimum: {limit}.")
+    if topk is not None:
+        topk = int(topk)
+        topk_max = block_size - 1 if budget is None else budget
+        if not 1 <= topk <= topk_max:
+            raise ValueError(
+                f"--speculative-ddtree-topk {topk} is out of range: it must be "
+                f"between 1 and the tree budget {topk_max}."
+            )
+    warning = None
+    if shadow:
+        if budget not in (None, max_budget) or topk not in (None, 1):
+            warning = (
+                "DDTREE shadow_linear verifies the DFlash chain: overriding "
+                f"budget={budget}, topk={topk} to budget={max_budget}, topk=1."
+            )
+        budget, topk = max_budget, 1
+    if budget is None:
+        budget = block_size - 1
+    if topk is None:
+        topk = min(8, budget)
+    width = None if shadow else max(block_size, budget + 1)
+    return TreeArgs(budget=budget, topk=topk, width=width, warning=warning)
+
+
+def resolve_server_args(
+    server_args: Any,  # noqa: ANN401 (SGLang's ServerArgs, read and written by field name)
+    *,
+    warn: Callable[[str], None],
+    write: Callable[[Any, str, Any], None] = setattr,
+    attention_backends: Callable[[], Any] | None = None,
+) -> TreeArgs:
+    """A set's `_handle_ddtree_args` (the DFlash block size B is
+    `speculative_num_draft_tokens` there): `resolve_tree_args` on the `speculative_ddtree_*`
+    knobs, written back by the release's `write(server_args, name, value)`: budget and topk,
+    and in tree mode B to `speculative_dflash_block_size` (the drafter's) and the verify width to
+    `speculative_num_draft_tokens`; shadow_linear's override warning goes to `warn`. Given the
+    release's `attention_backends` getter, `check_attention_backends` follows."""
+    block_size = int(server_args.speculative_num_draft_tokens)
+    resolved = resolve_tree_args(
+        mode=server_args.speculative_ddtree_mode,
+        budget=server_args.speculative_ddtree_budget,
+        topk=server_args.speculative_ddtree_topk,
+        block_size=block_size,
+    )
+    if resolved.warning:
+        warn(resolved.warning)
+    write(server_args, "speculative_ddtree_budget", resolved.budget)
+    write(server_args, "speculative_ddtree_topk", resolved.topk)
+    if resolved.width is not None:
+        write(server_args, "speculative_dflash_block_size", block_size)
+        write(server_args, "speculative_num_draft_tokens", resolved.width)
+    if attention_backends is not None:
+        check_attention_backends(
+            attention_backends, mode=server_args.speculative_ddtree_mode, device=server_args.device
+        )
+    return resolved
+
+
+def check_attention_backends(
+    attention_backends: Callable[[], Any], *, mode: str, device: str
+) -> None:
+    """Refuse DDTREE tree mode on CUDA (where the DDTree kernels run) with an attention backend
+    that would ignore the tree mask: it would verify the tree as a chain and emit wrong tokens.
+    `attention_backends()` (the release's getter) is asked only then."""
+    if mode != "tree" or device != "cuda":
+        return
+    unsupported = sorted({b for b in attention_backends() if b not in TREE_MASK_BACKENDS})
+    if unsupported:
+        raise ValueError(
+            "DDTREE tree mode cannot verify with attention backend "
+            f"{', '.join(map(str, unsupported))}: a tree needs a backend that "
+            "honours a custom tree mask, which only flashinfer and triton do "
+            "(--attention-backend flashinfer or triton); or use "
+            "--speculative-ddtree-mode shadow_linear."
+        )
+
+
+# ------------------------------------------------------------------ draft log-probs
+
+
+def merge_tp_topk(
+    logp: torch.Tensor, ids: torch.Tensor, log_z: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global top-k log-probs from the per-rank ones of a vocab-parallel head.
+
+    `logp`/`ids` [tp, n, k]: each rank's top-k, log-probs over its own shard with global token
+    ids; `log_z` [tp, n]: each shard's log-sum-exp. The full-vocabulary logZ is the logsumexp of
+    the shards'; candidates go back to the logit scale and are ordered by value, ties to the
+    smaller id (the kernels' rule).
+    """
+    tp, n, kk = logp.shape
+    values = (logp + log_z.unsqueeze(-1)).permute(1, 0, 2).reshape(n, tp * kk)
+    cand_ids = ids.permute(1, 0, 2).reshape(n, tp * kk)
+    by_id = cand_ids.argsort(dim=1)
+    values, cand_ids = values.gather(1, by_id), cand_ids.gather(1, by_id)
+    order = values.argsort(dim=1, descending=True, stable=True)[:, :k]
+    global_log_z = torch.logsumexp(log_z, dim=0).unsqueeze(1)
+    return values.gather(1, order) - global_log_z, cand_ids.gather(1, order)
+
+
+def draft_topk_logprobs(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    num_org: int,
+    org_vocab_start: int = 0,
+    tp_group: TPGroup | None = None,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k draft log-probs [n, k] fp32 and token ids [n, k] int64 through an LM head shard
+    `weight[:num_org]` (rows past it are padding), normalised over the full vocabulary.
+
+    Chunked like DFlash's greedy head (no full logits tensor outlives a chunk). With a TP group
+    (the merge hook) each rank's top-k and shard logZ are all-gathered and merged.
+    """
+    n = int(hidden_states.shape[0])
+    device = hidden_states.device
+    logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
+    ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
+    tp = 1 if tp_group is None else int(tp_group.world_size)
+    if k > num_org:
+        raise ValueError(f"DDTREE top-k {k} exceeds the lm_head shard ({num_org}).")
+    for start in range(0, n, int(chunk_size)):
+        end = min(n, start + int(chunk_size))
+        hs = hidden_states[start:end].to(weight.dtype)
+        logits = torch.matmul(hs, weight[:num_org].T)
+        local = ops.topk_logprobs(logits, k)
+        local_ids = local.ids + org_vocab_start
+        if tp_group is None or tp == 1:
+            logp_out[start:end], ids_out[start:end] = local.logp, local_ids
+            continue
+        rows = end - start
+        # The fused op normalises over this shard only; its logZ is needed to merge.
+        log_z = torch.logsumexp(logits.float(), dim=-1)
+        g_logp = torch.empty((tp * rows, k), dtype=torch.float32, device=device)
+        g_ids = torch.empty((tp * rows, k), dtype=torch.int64, device=device)
+        g_log_z = torch.empty((tp * rows,), dtype=torch.float32, device=device)
+        tp_group.all_gather_into_tensor(g_logp, local.logp.contiguous())
+        tp_group.all_gather_into_tensor(g_ids, local_ids.contiguous())
+        tp_group.all_gather_into_tensor(g_log_z, log_z.contiguous())
+        logp_out[start:end], ids_out[start:end] = merge_tp_topk(
+            g_logp.view(tp, rows, k), g_ids.view(tp, rows, k), g_log_z.view(tp, rows), k
+        )
+    return logp_out, ids_out
+
+
+def lm_head_topk_logprobs(
+    hidden_states: torch.Tensor,
+    lm_head: Any,  # noqa: ANN401 (SGLang's ParallelLMHead, or any module with a dense weight)
+    k: int,
+    tp_group: TPGroup | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`draft_topk_logprobs` through SGLang's LM head: a `ParallelLMHead` (its `weight` and
+    `shard_indices`: the vocabulary shard of this rank) or a plain module with a dense `weight`
+    (the whole vocabulary). `tp_group` is used only for a sharded head over more than one rank.
+    Added (LoRA) vocabulary is refused: its rows are not in the shard's weight."""
+    weight = lm_head.weight
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is not None and int(shard.num_added_elements) != 0:
+        raise RuntimeError("DDTREE tree mode does not support added vocabulary.")
+    sharded = shard is not None and tp_group is not None and int(tp_group.world_size) > 1
+    return draft_topk_logprobs(
+        hidden_states,
+        weight,
+        k,
+        num_org=int(shard.num_org_elements) if shard is not None else int(weight.shape[0]),
+        org_vocab_start=int(shard.org_vocab_start_index) if shard is not None else 0,
+        tp_group=tp_group if sharded else None,
+    )
+
+
+# ------------------------------------------------------------------ tree and verify input
+
+
+def flat_tree_mask(
+    ancestor_mask: torch.Tensor, prefix_lens: torch.Tensor, mask_numel: int
+) -> torch.Tensor:
+    """SGLang's flat verify mask: per request a bool [W, prefix + W] block (prefix columns
+    True, tree columns = `ancestor_mask`), row-major, concatenated. `mask_numel` may exceed the
+    exact size (an upper bound of the prefix sum); the tail stays True, as SGLang's
+    `generate_attn_arg_prefill` pads it."""
+    _, w, _ = ancestor_mask.shape
+    prefix = prefix_lens.to(torch.int64).repeat_interleave(w)  # per row [bs * w]
+    row_len = prefix + w
+    row_start = torch.cumsum(row_len, dim=0) - row_len
+    cols = (row_start + prefix).unsqueeze(1) + torch.arange(w, device=ancestor_mask.device)
+    mask = torch.ones(mask_numel, dtype=torch.bool, device=ancestor_mask.device)
+    mask[cols.reshape(-1)] = ancestor_mask.reshape(-1)
+    return mask
+
+
+def pad_tree(tree: Tree, width: int) -> Tree:
+    """Pad a kernels `Tree` of N = budget + 1 nodes to the verify width W >= N with the kernels'
+    padding nodes (token 0, no parent or links, position = prefix, an ancestor row of only
+    itself); `retrieve_index` is re-based to b * W + i."""
+    bs, n = tree.tokens.shape
+    extra = width - n
+    if extra < 0:
+        raise ValueError(f"DDTREE tree of {n} nodes exceeds the verify width {width}.")
+    if extra == 0:
+        return tree
+    device = tree.tokens.device
+
+    def pad(t: torch.Tensor, value: int) -> torch.Tensor:
+        return F.pad(t, (0, extra), value=value)
+
+    prefix = tree.positions[:, :1] - tree.depths[:, :1]
+    ancestor = torch.zeros((bs, width, width), dtype=torch.bool, device=device)
+    ancestor[:, :n, :n] = tree.ancestor_mask
+    tail = torch.arange(n, width, device=device)
+    ancestor[:, tail, tail] = True
+    node = torch.arange(width, device=device)
+    rows = torch.arange(bs, device=device).unsqueeze(1)
+    real = pad(tree.retrieve_index, -1) >= 0
+    return tree._replace(
+        tokens=pad(tree.tokens, 0),
+        parents=pad(tree.parents, -1),
+        depths=pad(tree.depths, 0),
+        positions=torch.cat([tree.positions, prefix.expand(bs, extra)], dim=1),
+        ancestor_mask=ancestor,
+        retrieve_next_token=pad(tree.retrieve_next_token, -1),
+        retrieve_next_sibling=pad(tree.retrieve_next_sibling, -1),
+        retrieve_index=torch.where(real, rows * width + node, -1),
+    )
+
+
+def build_verify_tree(
+    *,
+    logp: torch.Tensor,
+    ids: torch.Tensor,
+    root_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    budget: int,
+    width: int,
+    prefix_lens_sum: int,
+    prefix_lens_sum_exact: bool = True,
+) -> Tree:
+    """The verify tree at width W with its flat custom mask.
+
+    The kernels build the mask themselves when the tree fills the width and the host prefix sum
+    is exact; otherwise the tree is padded and the mask built at W, sized from `prefix_lens_sum`
+    (which may then be an upper bound: overlap scheduling knows only that on the host).
+    """
+    if budget + 1 == width and prefix_lens_sum_exact:
+        return ops.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_lens_sum)
+    tree = pad_tree(ops.build_tree(logp, ids, root_tokens, prefix_lens, budget), width)
+    bs = int(root_tokens.shape[0])
+    numel = width * int(prefix_lens_sum) + bs * width * width
+    return tree._replace(custom_mask=flat_tree_mask(tree.ancestor_mask, prefix_lens, numel))
+
+
+def propose_tree(
+    *,
+    draft_hidden: torch.Tensor,
+    lm_head: Any,  # noqa: ANN401 (as lm_head_topk_logprobs)
+    topk: int,
+    budget: int,
+    width: int,
+    root_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    prefix_lens_sum: int,
+    prefix_lens_sum_exact: bool,
+    tp_group: TPGroup | None,
+) -> Tree:
+    """Tree mode's draft: top-k log-probs of the drafter's hidden states [bs, B, H] (row 0 is
+    the root's, not drafted) over the full vocabulary through the target's `lm_head`, then the
+    best-first tree at the verify width with its mask (`build_verify_tree`). The release's hook
+    picks `prefix_lens_sum` (a host number, no device sync) and the TP group."""
+    bs, block, hidden_size = draft_hidden.shape
+    logp, ids = lm_head_topk_logprobs(
+        draft_hidden[:, 1:, :].reshape(-1, hidden_size), lm_head, topk, tp_group
+    )
+    return build_verify_tree(
+        logp=logp.view(bs, block - 1, -1),
+        ids=ids.view(bs, block - 1, -1),
+        root_tokens=root_tokens,
+        prefix_lens=prefix_lens,
+        budget=budget,
+        width=width,
+        prefix_lens_sum=prefix_lens_sum,
+        prefix_lens_sum_exact=prefix_lens_sum_exact,
+    )
+
+
+def chain_tree(draft_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> Tree:
+    """shadow_linear: DFlash's own draft chain [bs, B] (root first) as a DDTree (top-k 1,
+    budget B - 1), so the walk and commit run the tree code on DFlash's tokens."""
+    _, width = draft_tokens.shape
+    chain = draft_tokens[:, 1:].to(torch.int64).unsqueeze(-1)
+    logp = torch.zeros(chain.shape, dtype=torch.float32, device=draft_tokens.device)
+    return ops.build_tree(logp, chain, draft_tokens[:, 0].to(torch.int64), prefix_lens, width - 1)
+
+
+def verify_input_fields(tree: Tree, *, tree_mask: bool) -> dict[str, torch.Tensor | None]:
+    """The tree's part of a `DDTreeVerifyInput` (a DFlashVerifyInput with retrieve arrays):
+    positions prefix + depth, the flat ancestor mask as `custom_mask` when `tree_mask` (tree
+    mode; shadow_linear keeps DFLASH's causal verify, mask None), and the links and parents."""
+    return {
+        "positions": tree.positions.reshape(-1),
+        "custom_mask": tree.custom_mask if tree_mask else None,
+        "retrieve_index": tree.retrieve_index,
+        "retrieve_next_token": tree.retrieve_next_token,
+        "retrieve_next_sibling": tree.retrieve_next_sibling,
+        "tree_parents": tree.parents,
+    }
+
+
+def window_cache_loc(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """KV slots [bs, width] int64 of each request's verify window, `req_to_token[req, prefix :
+    prefix + width]`: a tree wider than the draft block verifies in the window's first `width`
+    slots (the block took the first B)."""
+    cols = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(width, device=prefix_lens.device)
+    return req_to_token[req_pool_indices.to(torch.int64).unsqueeze(1), cols].to(torch.int64)
+
+
+# ------------------------------------------------------------------ accept
+
+
+def walk_from_sampling(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Walk outputs (local accept_index [bs, A], accept_len with the root, accepted tokens,
+    bonus) from the outputs of SGLang's tree rejection sampler
+    (`tree_speculative_sampling_target_only`: predicts [bs * W], global accept_index -1 padded,
+    accepted drafts per request)."""
+    bs = accept_index.shape[0]
+    global_index = accept_index.to(torch.int64)
+    base = torch.arange(bs, device=global_index.device).unsqueeze(1) * width
+    valid = global_index >= 0
+    local = torch.where(valid, global_index - base, -1)
+    tokens = torch.where(valid, predicts.to(torch.int64)[global_index.clamp(min=0)], -1)
+    accept_len = accept_token_num.to(torch.int64) + 1
+    bonus = tokens.gather(1, (accept_len - 1).unsqueeze(1)).squeeze(1)
+    return local, accept_len, tokens, bonus
+
+
+def accept_outputs(
+    accept_len: torch.Tensor,
+    accept_tokens: torch.Tensor,
+    bonus: torch.Tensor,
+    prefix_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DFlash's accept outputs from a tree walk: (accepted drafts int32, commit_lens int32,
+    bonus int64, out_tokens [bs, A] int64 with the committed tokens first and 0 after,
+    new_seq_lens)."""
+    commit_lens = accept_len.to(torch.int32)
+    out_tokens = accept_tokens.to(torch.int64).clamp(min=0)
+    new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+    return commit_lens - 1, commit_lens, bonus.to(torch.int64), out_tokens, new_seq_lens
+
+
+# What a release's tree rejection sampler hook returns: (accepted drafts [bs], global
+# accept_index [bs, >= path] -1 padded, predicts [bs * W]).
+SampledWalk = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def accept_tree(
+    *,
+    tree: Tree,
+    next_token_logits: torch.Tensor,
+    path_len: int,
+    prefix_lens: torch.Tensor,
+    sample: Callable[[], SampledWalk] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Accept over the tree: DFLASH's (accepted drafts, commit_lens, bonus, out_tokens,
+    new_seq_lens) plus the accepted node indices [bs, path_len] (local, root first, -1 padded).
+
+    Greedy (`sample` None): the kernels' walk over the target's argmax at every node. Sampled:
+    `sample()` runs the release's tree rejection sampler (its signature is the release's) and
+    its outputs are laid out as the walk's. A path holds at most `path_len` = B nodes.
+    """
+    bs, width = tree.tokens.shape
+    if sample is not None:
+        correct_len, accept_index, predicts = sample()
+        nodes, accept_len, accept_tokens, bonus = walk_from_sampling(
+            predicts, accept_index[:, :path_len], correct_len, width
+        )
+    else:
+        target = torch.argmax(next_token_logits, dim=-1).view(bs, width).to(torch.int64)
+        nodes, accept_len, accept_tokens, bonus = ops.verify_walk(
+            tree.tokens, tree.parents, target, path_len - 1
+        )
+    return (*accept_outputs(accept_len, accept_tokens, bonus, prefix_lens), nodes)
+
+
+# ------------------------------------------------------------------ commit
+
+
+def kv_move_pairs(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat (target, source) slot lists for SGLang's `move_kv_cache` from `commit_indices`'
+    [bs, A] src/dst; padding entries (-1) become the root's slot moved onto itself, so nothing
+    is filtered on the host (no sync)."""
+    root = dst[:, :1].expand_as(dst)
+    keep = src >= 0
+    return torch.where(keep, dst, root).reshape(-1), torch.where(keep, src, root).reshape(-1)
+
+
+def gather_path_rows(x: torch.Tensor, hidden_rows: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows of node-indexed `x` [bs * W (+ padding), ...] in accepted-path order: row b * W + j
+    becomes x[hidden_rows[b, j]]; rows past the path, and any trailing alignment padding, keep
+    their own row."""
+    bs, a = hidden_rows.shape
+    rows = torch.arange(x.shape[0], device=x.device)
+    own = rows[: bs * width].view(bs, width)
+    own[:, :a] = torch.where(hidden_rows >= 0, hidden_rows, own[:, :a])
+    return x[rows]
+
+
+def block_rows(x: torch.Tensor, bs: int, width: int, block: int) -> torch.Tensor:
+    """Verify rows [bs * W (+ padding), ...] in the drafter's block layout [bs * B, ...]: each
+    window's first B rows, which hold the accepted path once `gather_path_rows` put it there.
+    At W == B the rows are already that layout and come back as they are."""
+    if width == block:
+        return x
+    rest = x.shape[1:]
+    return x[: bs * width].view(bs, width, *rest)[:, :block].reshape(bs * block, *rest)
+
+
+def commit_path(
+    *,
+    accept_index: torch.Tensor,
+    cache_loc: torch.Tensor,
+    move_kv_cache: Callable[[torch.Tensor, torch.Tensor], None],
+    hidden_states: torch.Tensor | None,
+    width: int,
+) -> torch.Tensor | None:
+    """Move the accepted path to the front of each verify window, so a release's chain-layout
+    code (committed KV, draft-KV append) sees it as DFLASH's committed prefix: its KV through the
+    release's `move_kv_cache(target_slots, source_slots)` (a copy, not an index remap: after
+    verify the scheduler may hand a finished request's req_to_token row on) and its hidden rows
+    (returned; None stays None). `cache_loc` [bs, W]: the slot each node was verified in."""
+    commit = ops.commit_indices(accept_index, cache_loc)
+    target, source = kv_move_pairs(commit.src, commit.dst)
+    move_kv_cache(target, source)
+    if hidden_states is None:
+        return None
+    return gather_path_rows(hidden_states, commit.hidden_rows, width)
+
+
+def mamba_steps(
+    accept_index: torch.Tensor,
+    commit_lens: torch.Tensor,
+    steps_to_track: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tree-node step indices for the recurrent-state commit: the last accepted node, and for
+    tracking the node at path position `steps_to_track` (-1 kept)."""
+    last = accept_index.gather(1, (commit_lens.to(torch.int64) - 1).unsqueeze(1))
+    if steps_to_track is None:
+        return last.squeeze(1), None
+    node = accept_index.gather(1, steps_to_track.clamp(min=0).unsqueeze(1)).squeeze(1)
+    return last.squeeze(1), torch.where(steps_to_track >= 0, node, -1)
+
+
+# ------------------------------------------------------------------ added to API 1 (worker v1)
+# Public names added after API 1 first shipped, for the worker-v1 sets (0.5.11 to 0.5.13): their
+# DFlashWorker accepts through a verify input's `_accept_drafts` (candidates in commit order) and
+# draws the target's token at every node itself. Adding names needs no bump (old sets never call
+# them); these follow the same rule from here on.
+
+__all__ += [
+    "path_rows",
+    "sample_target_tokens",
+    "vocab_parallel_topk_logprobs",
+    "walk_tree",
+]
+
+
+def vocab_parallel_topk_logprobs(
+    hidden_states: torch.Tensor,
+    lm_head: Any,  # noqa: ANN401 (SGLang's ParallelLMHead: `weight`, `shard_indices`)
+    k: int,
+    tp_group: TPGroup,
+    *,
+    chunk_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k draft log-probs [n, k] fp32 and ids [n, k] int64 through SGLang's `ParallelLMHead`,
+    its added (LoRA) vocabulary included: the shard's columns are its base rows, then its added
+    rows (past the base padding), so ascending columns are ascending ids and ties still go to
+    the smaller id. `lm_head_topk_logprobs` refuses such a head; the worker-v1 sets served it.
+
+    With TP each rank's top-k and shard logZ are merged (`merge_tp_topk`); a shard smaller than
+    k pads with candidates that never win. Chunks of `chunk_size` rows, the worker-v1 sets' own
+    (the chunk's row count can change a GPU matmul's reduction order, so it is kept).
+    """
+    n = int(hidden_states.shape[0])
+    device = hidden_states.device
+    logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
+    ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
+    if n == 0:
+        return logp_out, ids_out
+    tp = int(tp_group.world_size)
+    shard = lm_head.shard_indices
+    weight = lm_head.weight  # [local vocab, padded, hidden]
+    num_org = int(shard.num_org_elements)
+    num_org_padded = int(shard.num_org_elements_padded)
+    num_added = int(shard.num_added_elements)
+    local_ids = torch.cat(
+        [
+            torch.arange(num_org, device=device) + int(shard.org_vocab_start_index),
+            torch.arange(num_added, device=device) + int(shard.added_vocab_start_index),
+        ]
+    )
+    local_k = min(k, int(local_ids.numel()))
+    if tp == 1 and local_k < k:
+        raise ValueError(f"DDTREE topk {k} exceeds the vocabulary ({local_k}).")
+    for start in range(0, n, int(chunk_size)):
+        end = min(n, start + int(chunk_size))
+        hs = hidden_states[start:end].to(weight.dtype)
+        logits = torch.matmul(hs, weight[:num_org].T)
+        if num_added > 0:
+            added = weight[num_org_padded : num_org_padded + num_added]
+            logits = torch.cat([logits, torch.matmul(hs, added.T)], dim=1)
+        top = ops.topk_logprobs(logits, local_k)
+        top_ids = local_ids[top.ids]
+        if tp == 1:
+            logp_out[start:end], ids_out[start:end] = top.logp, top_ids
+            continue
+        rows = end - start
+        log_z = torch.logsumexp(logits.float(), dim=-1)
+        logp = top.logp
+        if local_k < k:  # a shard smaller than k: entries that never win
+            logp = torch.cat([logp, logp.new_full((rows, k - local_k), float("-inf"))], 1)
+            never = top_ids.new_full((rows, k - local_k), torch.iinfo(torch.int64).max)
+            top_ids = torch.cat([top_ids, never], 1)
+        g_logp = torch.empty((tp * rows, k), dtype=torch.float32, device=device)
+        g_ids = torch.empty((tp * rows, k), dtype=torch.int64, device=device)
+        g_log_z = torch.empty((tp * rows,), dtype=torch.float32, device=device)
+        tp_group.all_gather_into_tensor(g_logp, logp.contiguous())
+        tp_group.all_gather_into_tensor(g_ids, top_ids.contiguous())
+        tp_group.all_gather_into_tensor(g_log_z, log_z.contiguous())
+        logp_out[start:end], ids_out[start:end] = merge_tp_topk(
+            g_logp.view(tp, rows, k), g_ids.view(tp, rows, k), g_log_z.view(tp, rows), k
+        )
+    return logp_out, ids_out
+
+
+def sample_target_tokens(
+    next_token_logits: torch.Tensor,
+    width: int,
+    *,
+    temperatures: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor | None,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One target draw per verify node [bs * W] from the target's own filtered distribution:
+    per-request `temperatures`, then `top_ks`, then `top_ps` (None: no top-p), as SGLang's
+    sampled verify builds it. Walking the tree with these draws (`walk_tree`) is lossless: each
+    emitted token is a target sample given its prefix. `uniforms` [bs * W] (default: torch.rand)
+    drive the kernels' inverse-CDF draw."""
+    rows, vocab = next_token_logits.shape
+    device = next_token_logits.device
+    scaled = next_token_logits.float() / torch.repeat_interleave(
+        temperatures.view(-1), width
+    ).unsqueeze(1)
+    ks = torch.repeat_interleave(top_ks.view(-1), width).to(torch.int64).clamp(min=1, max=vocab)
+    k_max = int(ks.max().item())  # one host sync, as SGLang's sparse top-k path has
+    values, index = torch.topk(scaled, k=k_max, dim=-1)  # sorted, best first
+    ranks = torch.arange(k_max, device=device).unsqueeze(0)
+    values = values.masked_fill(ranks >= ks.unsqueeze(1), float("-inf"))
+    if top_ps is not None:
+        ps = torch.repeat_interleave(top_ps.view(-1), width)
+        probs = torch.softmax(values, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        values = values.masked_fill(mass_before > ps.unsqueeze(1), float("-inf"))
+    if uniforms is None:
+        uniforms = torch.rand((rows,), dtype=torch.float32, device=device)
+    ones = torch.ones((rows,), dtype=torch.float32, device=device)
+    pick = ops.sample_tokens(values, ones, uniforms)
+    return index.gather(1, pick.unsqueeze(1)).squeeze(1)
+
+
+def walk_tree(
+    tokens: torch.Tensor, parents: torch.Tensor, target_tokens: torch.Tensor, path_len: int
+) -> Walk:
+    """The kernels' walk [bs, path_len] over the target's token at every node (`target_tokens`
+    [bs, W]: its argmax, or `sample_target_tokens`), for a hook that picks those tokens itself;
+    `accept_tree` is the same walk over the argmax in DFLASH's accept outputs."""
+    return ops.verify_walk(tokens, parents, target_tokens.to(torch.int64), path_len - 1)
+
+
+def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
+    """A permutation [bs * W] of the verify rows: each request's accepted path (`accept_index`
+    [bs, A], local, root first, -1 padded) first, then its other nodes in node order. Indexing a
+    window's slots, tokens or hidden rows with it lays the path out as DFLASH's committed
+    prefix, and keeps every other row (each is freed or dropped once, as DFLASH's would be)."""
+    bs, path_width = accept_index.shape
+    device = accept_index.device
+    key = torch.arange(width, 2 * width + 1, device=device).repeat(bs, 1)
+    on_path = accept_index >= 0
+    key.scatter_(
+        1,
+        torch.where(on_path, accept_index, width),  # padding lands in the spare column
+        torch.arange(path_width, device=device).repeat(bs, 1),
+    )
+    order = torch.argsort(key[:, :width], dim=1)
+    return (order + torch.arange(bs, device=device).unsqueeze(1) * width).reshape(-1)
+
+
+# ------------------------------------------------------------------ the worker's verify step
+
+
+def tree_retrieve(tree: Tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree's (retrieve_index, retrieve_next_token, retrieve_next_sibling) [bs, W]: what the
+    sets' `tree_retrieve` argument of their release's sampled-verify function takes."""
+    return tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling
+
+
+def tree_sampler(
+    sampler: Callable[..., tuple[torch.Tensor, ...]],
+    tree: Tree,
+    **kwargs: Any,  # noqa: ANN401 (the release's own sampler arguments)
+) -> Callable[[], SampledWalk]:
+    """`accept_tree`'s `sample` from a release's DFlash sampled-verify function as every set
+    extends it: called with `candidates` = the tree's tokens, `tree_retrieve` = its links and
+    `kwargs` (the release's own arguments), it returns (accepted drafts, bonus, global
+    accept_index, predicts); the same exact rejection-sampling kernel then walks the tree."""
+
+    def sample() -> SampledWalk:
+        correct_len, _, accept_index, predicts = sampler(
+            candidates=tree.tokens, tree_retrieve=tree_retrieve(tree), **kwargs
+        )
+        return correct_len, accept_index, predicts
+
+    return sample
+
+
+def host_prefix_sum(
+    prefix_lens: torch.Tensor,
+    *bounds: tuple[Any, Any],
+    exact_lens: torch.Tensor | None = None,
+) -> tuple[int, bool]:
+    """(sum, exact): the host prefix-length sum a tree mask is sized by, without a device sync
+    where the host has one. `bounds` are (host lengths, their sum) upper bounds in the release's
+    order of preference (under overlap only a planning or reserved bound is on the host, the one
+    the verify plans its attention with); the first whose lengths are set wins. Else
+    `exact_lens` (the batch's host lengths), else `prefix_lens` summed on the device."""
+    for lens, total in bounds:
+        if lens is not None:
+            return int(total), False
+    if exact_lens is not None:
+        return int(exact_lens.sum()), True
+    return int(prefix_lens.sum().item()), True
+
+
+@dataclass
+class Step:
+    """One verify step of DDTREE: the tree verified (shadow_linear: DFLASH's chain as a tree),
+    the KV slots [bs, W] its nodes are verified in, and, once accepted, the path's nodes."""
+
+    tree: Tree
+    mode: str
+    cache_loc: torch.Tensor
+    prefix_lens: torch.Tensor
+    block_size: int
+    accept_index: torch.Tensor | None = None
+
+    @property
+    def width(self) -> int:
+        return int(self.tree.tokens.shape[1])
+
+    def verify_input(self, cls: Callable[..., Any], **kwargs: Any) -> Any:  # noqa: ANN401
+        """The release's `DDTreeVerifyInput` (`cls`) of the tree: `kwargs` (the release's own
+        fields) plus the verify width and the tree's fields (`verify_input_fields`: positions
+        prefix + depth, the ancestor mask in tree mode only, the links and parents)."""
+        fields = verify_input_fields(self.tree, tree_mask=self.mode == "tree")
+        return cls(draft_token_num=self.width, **kwargs, **fields)
+
+    def accept(
+        self, next_token_logits: torch.Tensor, sample: Callable[[], SampledWalk] | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """DFLASH's five accept outputs over the tree (`accept_tree`, paths of at most B nodes;
+        `sample`: `tree_sampler`'s, None for greedy); the path's nodes are kept for `commit`."""
+        *outputs, self.accept_index = accept_tree(
+            tree=self.tree,
+            next_token_logits=next_token_logits,
+            path_len=self.block_size,
+            prefix_lens=self.prefix_lens,
+            sample=sample,
+        )
+        return tuple(outputs)
+
+    def accept_target(self, target_tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`accept`'s greedy walk over the target's token at every node [bs, W] that the release
+        picked itself (added for 0.5.19+, whose SpecTpSync broadcasts the argmax from TP rank 0
+        first, so every rank walks rank 0's choice); `accept` on that argmax, outputs alike."""
+        nodes, accept_len, tokens, bonus = walk_tree(
+            self.tree.tokens, self.tree.parents, target_tokens, self.block_size
+        )
+        self.accept_index = nodes
+        return accept_outputs(accept_len, tokens, bonus, self.prefix_lens)
+
+    def sampler(
+        self,
+        release_sampler: Callable[..., tuple[torch.Tensor, ...]],
+        **kwargs: Any,  # noqa: ANN401 (the release's own sampler arguments)
+    ) -> Callable[[], SampledWalk]:
+        """`tree_sampler` of this step's tree: `accept`'s `sample` through the release's
+        sampled-verify function as the sets extend it."""
+        return tree_sampler(release_sampler, self.tree, **kwargs)
+
+    def commit(
+        self,
+        move_kv_cache: Callable[[torch.Tensor, torch.Tensor], None],
+        hidden_states: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Tree mode: the accepted path's KV moved to the window front (`commit_path`) and its
+        hidden rows in the drafter's block layout [bs * B, ...] (`block_rows`), so the release's
+        chain-layout code (committed KV, draft-KV append) sees DFLASH's committed prefix. A
+        chain (shadow_linear) is already in window order: nothing moves."""
+        if self.mode != "tree":
+            return hidden_states
+        assert self.accept_index is not None, "commit before accept"
+        rows = commit_path(
+            accept_index=self.accept_index,
+            cache_loc=self.cache_loc,
+            move_kv_cache=move_kv_cache,
+            hidden_states=hidden_states,
+            width=self.width,
+        )
+        if rows is None:
+            return None
+        return block_rows(rows, int(self.tree.tokens.shape[0]), self.width, self.block_size)
+
+    def commit_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Another node-indexed verify tensor [bs * W (+ padding), ...] in the layout `commit`
+        gives the hidden rows (added for 0.5.19+, whose log-probs read the verify logits): the
+        path first, the drafter's block layout. A chain's rows are already in that order."""
+        if self.mode != "tree":
+            return x
+        assert self.accept_index is not None, "commit_rows before accept"
+        rows = ops.commit_indices(self.accept_index, self.cache_loc).hidden_rows
+        bs = int(self.tree.tokens.shape[0])
+        return block_rows(gather_path_rows(x, rows, self.width), bs, self.width, self.block_size)
+
+
+class Verifier:
+    """One worker's DDTREE: its settings (checked at start) and block size B, and the pieces of
+    its verify step, so a release's worker keeps only the calls at its own hook points."""
+
+    # The module's per-step helpers a worker reaches through its Verifier (it holds no module).
+    host_prefix_sum = staticmethod(host_prefix_sum)
+    mamba_steps = staticmethod(mamba_steps)
+
+    def __init__(self, settings: Settings, block_size: int) -> None:
+        self.settings = settings
+        self.block_size = int(block_size)
+
+    @classmethod
+    def start(
+        cls,
+        server_args: Any,  # noqa: ANN401 (as resolve_settings)
+        *,
+        block_size: int,
+        is_hybrid: bool,
+        on_cuda: bool,
+        log: Callable[..., None] | None = None,
+    ) -> Verifier:
+        """`resolve_settings`' refusals at start, then the settings line (`log`: the release's
+        logger on the first TP rank; the GPU lab greps `verify_width=`)."""
+        settings = resolve_settings(
+            server_args, block_size=block_size, is_hybrid=is_hybrid, on_cuda=on_cuda
+        )
+        if log is not None:
+            log(
+                "DDTREE mode=%s budget=%d topk=%d block_size=%d verify_width=%d",
+                settings.mode,
+                settings.budget,
+                settings.topk,
+                int(block_size),
+                settings.width,
+            )
+        return cls(settings, block_size)
+
+    def propose(
+        self,
+        *,
+        draft_hidden: torch.Tensor,
+        lm_head: Any,  # noqa: ANN401 (as lm_head_topk_logprobs)
+        root_tokens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        host_sum: tuple[int, bool],
+        tp_group: TPGroup | None,
+    ) -> Tree:
+        """Tree mode's draft at these settings (`propose_tree`); `host_sum` is
+        `host_prefix_sum`'s (sum, exact)."""
+        return propose_tree(
+            draft_hidden=draft_hidden,
+            lm_head=lm_head,
+            topk=self.settings.topk,
+            budget=self.settings.budget,
+            width=self.settings.width,
+            root_tokens=root_tokens,
+            prefix_lens=prefix_lens,
+            prefix_lens_sum=host_sum[0],
+            prefix_lens_sum_exact=host_sum[1],
+            tp_group=tp_group,
+        )
+
+    def step(
+        self,
+        *,
+        tree: Tree | None,
+        draft_tokens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        block_cache_loc: torch.Tensor,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+    ) -> Step:
+        """The step of a proposed `tree`, or (None, shadow_linear) of DFLASH's `draft_tokens`
+        chain. A tree wider than B verifies in the first W slots of the window the release
+        reserved for W (`window_cache_loc`); otherwise in the block's own `block_cache_loc`."""
+        if tree is None:
+            tree = chain_tree(draft_tokens, prefix_lens)
+        cache_loc = block_cache_loc
+        width = int(tree.tokens.shape[1])
+        if width > self.block_size:
+            cache_loc = window_cache_loc(req_to_token, req_pool_indices, prefix_lens, width)
+        return Step(
+            tree=tree,
+            mode=self.settings.mode,
+            cache_loc=cache_loc,
+            prefix_lens=prefix_lens,
+            block_size=self.block_size,
+        )
