@@ -14,6 +14,7 @@ from ddtree_deploy.config.schema import (
     DeployConfig,
     Transport,
     TreeMode,
+    ValidationConfig,
 )
 from ddtree_deploy.errors import ConfigError
 
@@ -225,6 +226,27 @@ def _sglang_problems(cfg: DeployConfig) -> list[str]:
     return []
 
 
+def _tie_rule_problems(val: ValidationConfig) -> list[str]:
+    """The tree gate's tie rule: a tolerance in nats and how far the noise floor widens it."""
+    problems = []
+    if val.tie_tolerance < 0:
+        problems.append(
+            f"validation.tie_tolerance={val.tie_tolerance} must be at least 0 (nats; 0 asks "
+            "every tree token to be the target's top-1)."
+        )
+    if val.tie_noise_factor < 1:
+        problems.append(
+            f"validation.tie_noise_factor={val.tie_noise_factor} must be at least 1 (a tree is "
+            "allowed at least linear DFlash's own worst gap)."
+        )
+    if val.max_tie_tolerance < val.tie_tolerance:
+        problems.append(
+            f"validation.max_tie_tolerance={val.max_tie_tolerance} must be at least "
+            f"validation.tie_tolerance={val.tie_tolerance}."
+        )
+    return problems
+
+
 def _validation_problems(cfg: DeployConfig) -> list[str]:
     val = cfg.validation
     problems = []
@@ -234,11 +256,7 @@ def _validation_problems(cfg: DeployConfig) -> list[str]:
         problems.append(
             f"validation.acceptance_tolerance={val.acceptance_tolerance} must be in [0, 1)."
         )
-    if val.tie_tolerance < 0:
-        problems.append(
-            f"validation.tie_tolerance={val.tie_tolerance} must be at least 0 (nats; 0 asks "
-            "every tree token to be the target's top-1)."
-        )
+    problems += _tie_rule_problems(val)
     if not 0 < val.collapse_ratio <= 1:
         problems.append(f"validation.collapse_ratio={val.collapse_ratio} must be in (0, 1].")
     if val.repeats < 1:

@@ -235,6 +235,11 @@ class ValidationConfig:
     # Nats of log-probability (= logits at one position) an emitted tree token may sit below the
     # target's top-1 in its prefill scores: a bf16 near-tie between verify shapes, not a bug.
     tie_tolerance: float = 0.5
+    # Where linear DFlash's own tokens sit further off the prefill (the target's measured noise
+    # floor), the tolerance widens to this many times that worst gap, up to max_tie_tolerance;
+    # beyond it the prefill cannot judge (inconclusive).
+    tie_noise_factor: float = 2.0
+    max_tie_tolerance: float = 2.0
     access: GateAccess = GateAccess.ssh_tunnel
     request_timeout_s: float = 300.0
     unit_active: GateTimingConfig = field(default_factory=GateTimingConfig)

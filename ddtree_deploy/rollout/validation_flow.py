@@ -45,6 +45,7 @@ from ddtree_deploy.validate.gates import (
 from ddtree_deploy.validate.measure import Measurement, measure, score_answers
 from ddtree_deploy.validate.probes import Expected, ServiceProbe
 from ddtree_deploy.validate.record import ValidationRecord
+from ddtree_deploy.validate.scoring import TieRule
 
 
 class GateFailed(ValidationError):
@@ -445,7 +446,7 @@ def tree_judge(baseline: Measurement) -> Judge:
             baseline,
             tree,
             scoring,
-            tie_tolerance=val.tie_tolerance,
+            ties=TieRule(val.tie_tolerance, val.tie_noise_factor, val.max_tie_tolerance),
             min_speedup=val.min_speedup,
             min_tokens=val.min_measured_tokens,
             hybrid=ctx.cfg.model.hybrid,

@@ -6,9 +6,10 @@ kernel shapes, so in bf16 they can pick different tokens where the target's top 
 tied; neither is wrong. So the tree gate asks the target itself: a prompt-scoring request
 (prompt plus the emitted tokens, `max_new_tokens: 0`, prompt log-probs with the top two per
 position) runs the target's plain prefill, and each emitted token's gap to the top-1 there says
-whether it was a near-tie (gap within `validation.tie_tolerance`) or a token the target does not
-choose (beyond it: a bug). Gaps are in nats of log-probability, which at one position are also
-logit differences (both tokens share the position's normaliser).
+whether it was a near-tie (gap within `validation.tie_tolerance`, or within a multiple of linear
+DFlash's own worst gap where the target's prefill is noisier: `TieRule`) or a token the target
+does not choose (beyond it: a bug). Gaps are in nats of log-probability, which at one position
+are also logit differences (both tokens share the position's normaliser).
 
 Every release's patch set admits such a request for DFLASH and DDTREE alike (0.5.11 to 0.5.17
 refuse every other log-prob request; 0.5.18's set refuses DDTREE's generating ones).
@@ -84,6 +85,31 @@ class Scoring:
         wanted = tuple(output_ids)
         pool = self.baseline if baseline else self.candidate
         return next((o for o in pool if o.prompt == prompt and o.output_ids == wanted), None)
+
+
+@dataclass(frozen=True)
+class TieRule:
+    """How far below the target's top-1 an emitted tree token may sit, in nats.
+
+    `tolerance` always holds. The prefill that scores is a third path with bf16 noise of its own,
+    and on some targets (a GDN hybrid's recurrent state, a MoE router's near-tied experts) linear
+    DFlash's own tokens, lossless by construction, sit further off it: that worst gap, measured in
+    the same run, is the target's noise floor, and the rule allows `noise_factor` times it. Where
+    that would exceed `max_tolerance`, the prefill is too far from the verify to tell a near-tie
+    from a bug.
+    """
+
+    tolerance: float
+    noise_factor: float
+    max_tolerance: float
+
+    def applied(self, noise_floor: float) -> float:
+        """The tolerance a run with linear DFlash's own worst gap `noise_floor` is judged by."""
+        return max(self.tolerance, self.noise_factor * noise_floor)
+
+    def judges(self, noise_floor: float) -> bool:
+        """Whether the prefill can tell a near-tie from a bug at this noise floor."""
+        return self.applied(noise_floor) <= self.max_tolerance
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,17 @@ CASES = [
         "validation.min_pass_s=-1.0 must be at least 0 (seconds).",
         id="min-pass-s",
     ),
+    pytest.param(
+        ["validation.tie_noise_factor=0.5"],
+        "validation.tie_noise_factor=0.5 must be at least 1 (a tree is allowed at least linear "
+        "DFlash's own worst gap).",
+        id="tie-noise-factor",
+    ),
+    pytest.param(
+        ["validation.max_tie_tolerance=0.1"],
+        "validation.max_tie_tolerance=0.1 must be at least validation.tie_tolerance=0.5.",
+        id="max-tie-tolerance",
+    ),
 ]
 
 

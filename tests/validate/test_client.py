@@ -16,6 +16,7 @@ from ddtree_deploy.validate.errors import BadResponse, ServiceUnreachable
 from ddtree_deploy.validate.gates import Outcome, judge_shadow, judge_tree
 from ddtree_deploy.validate.measure import measure, score_answers
 from ddtree_deploy.validate.probes import Expected
+from ddtree_deploy.validate.scoring import TieRule
 from validate.conftest import API_KEY, LocalStandin, start_local_standin
 
 PROMPTS = [
@@ -107,7 +108,13 @@ def test_tree_stand_in_keeps_linear_tokens_and_is_faster(
         tree = measure(sgl, PROMPTS, label="tree", repeats=1, timeout_s=120)
         scoring = score_answers(sgl, PROMPTS, tree, baseline)
     verdict = judge_tree(
-        baseline, tree, scoring, tie_tolerance=0.5, min_speedup=1.05, min_tokens=64, hybrid=False
+        baseline,
+        tree,
+        scoring,
+        ties=TieRule(0.5, 2.0, 2.0),
+        min_speedup=1.05,
+        min_tokens=64,
+        hybrid=False,
     )
     assert verdict.outcome is Outcome.passed, verdict.sentence
     assert verdict.figures["tokens_scored"] == tree.total_tokens

@@ -9,7 +9,7 @@ from ddtree_deploy.report.run_report import write_run_report
 from ddtree_deploy.validate.gates import Decision, GateResult, Outcome, judge_shadow, judge_tree
 from ddtree_deploy.validate.measure import Measurement, PromptResult
 from ddtree_deploy.validate.record import ValidationRecord
-from ddtree_deploy.validate.scoring import ScoredOutput, Scoring, TokenScore
+from ddtree_deploy.validate.scoring import ScoredOutput, Scoring, TieRule, TokenScore
 
 BASE = Measurement("linear", (PromptResult("code", 0, (1, 2, 3, 4), 4, 2, 0.5),))
 SHADOW = Measurement("shadow", (PromptResult("code", 0, (1, 2, 9, 4), 4, 2, 0.5),))
@@ -49,7 +49,13 @@ def test_report_shows_the_tie_rule_per_prompt_with_the_divergence_s_scores(
     base_scores = tuple(TokenScore(t, -0.1, t, -0.1) for t in (1, 2, 3, 4))
     scoring = Scoring((ScoredOutput("code", tuple(scores)),), (ScoredOutput("code", base_scores),))
     gate = judge_tree(
-        BASE, tree, scoring, tie_tolerance=0.5, min_speedup=1.0, min_tokens=1, hybrid=False
+        BASE,
+        tree,
+        scoring,
+        ties=TieRule(0.5, 2.0, 2.0),
+        min_speedup=1.0,
+        min_tokens=1,
+        hybrid=False,
     )
     record = ValidationRecord("ct200", "DDTREE tree, budget 15, topk 4")
     record.add("tree", "DDTREE tree, budget 15, topk 4", 3, [gate], tree)

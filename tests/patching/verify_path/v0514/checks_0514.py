@@ -801,7 +801,7 @@ def ddtree_api_refusal():
     return api_refusal_results(_init)
 
 
-if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (test_thin_0514.py)
+if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (test_thin_sets.py)
     check(ddtree_api_refusal)
 if RELEASE != "0.5.14":  # what 0.5.15's to 0.5.17's workers have (test_verify_path_0515.py)
     check(draft_runner_server_args)
