@@ -168,8 +168,8 @@ class _Resolver:
     def __init__(self, python: str, sglang_root: str | None) -> None:
         env = dict(os.environ)
         # kernels/ (ddtree_kernels, its pure-torch reference): a set whose DDTREE server
-        # arguments ddtree_kernels.sglang resolves (0.5.14, THIN-SETS.md) imports it there;
-        # DFLASH and the other sets never do.
+        # arguments ddtree_kernels.sglang resolves (every set, docs/ddtree-module.md) imports it
+        # there; DFLASH never does.
         env["PYTHONPATH"] = os.pathsep.join([*([str(sglang_root)] if sglang_root else []), KERNELS])
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
         # stderr to a file: a pipe nobody reads would block the child once it fills

@@ -223,9 +223,9 @@ def test_port_whole_set_fails_naming_hunks_and_lines(whole_port: PortReport) -> 
         ("0002", "server_args.py", 1),
         ("0002", "server_args.py", 5),
         ("0004", "dflash_utils.py", 1),
-    }  # since 0.5.11 is thin (THIN-SETS.md): its verify hook is a small hunk that lands on
-    # 0.5.12 (the fat set moved DFlash's whole accept into a method, a hunk 0.5.12's rewrite
-    # failed); on the v2 design dflash_info.py's first hunk is the loader's import, beside
+    }  # since 0.5.11 is on ddtree_kernels.sglang (docs/ddtree-module.md): its verify hook is a
+    # small hunk that lands on 0.5.12 (the fat set moved DFlash's whole accept into a method, a
+    # hunk 0.5.12's rewrite failed); dflash_info.py's first hunk is the loader's import, beside
     # context 0.5.12 kept (the proxy's import sat among the renamed accept helpers); the end
     # of dflash_utils.py still fails
     assert failed[("0002", "server_args.py", 1)] == (

@@ -70,13 +70,13 @@ LINEAGES = (
     # 0.5.15's worker: the draft runner shares the target's server args, an in-graph draft sampler
     # replaced the eager greedy head, and the batch argument is `batch` (0.5.14:
     # model_worker_batch, which the log-prob guard's hunk names too). 0004 holds the worker's new
-    # helper. New sites: four widened gates. Both sets are on the v2 design (THIN-SETS.md: the
-    # worker runs ddtree_kernels.sglang's Verifier, the server arguments are resolved there, 0001
-    # holds the module's loader), so 0004 still differs (0.5.15 keeps its draft runner's args
-    # copy), the worker's import hunk (1) now reaches the spec_info import and fails on 0.5.15's
-    # imports, and its verify-input hunk (11) keeps DFLASH's out_cache_loc line as context (the
-    # tree's slots are set after it); the other failed hunks are the same ones. 0002 differs
-    # though it lands: 0.5.15 declares its default attention backend and writes it only when
+    # helper. New sites: four widened gates. Both sets are on ddtree_kernels.sglang
+    # (docs/ddtree-module.md: the worker runs the module's Verifier, the server arguments
+    # are resolved there, 0001 holds the module's loader), so 0004 still differs (0.5.15 keeps its
+    # draft runner's args copy), the worker's import hunk (1) now reaches the spec_info import and
+    # fails on 0.5.15's imports, and its verify-input hunk (11) keeps DFLASH's out_cache_loc line as
+    # context (the tree's slots are set after it); the other failed hunks are the same ones. 0002
+    # differs though it lands: 0.5.15 declares its default attention backend and writes it only when
     # resolution ends, so its backend check reads the resolution view.
     Lineage(
         "0.5.14",
@@ -103,10 +103,10 @@ LINEAGES = (
     # commit in a flag set at init; SpecInput's token scaling became a function; the Mamba pools
     # moved to mem_cache/kv_cache_configurator.py; dflash_utils' sampled-verify tail, the context
     # of 0004's scoring-request helpers, changed. It asks is_dflash_family() at most runtime
-    # gates, so most of its new sites are widened. Both sets are on the v2 design (THIN-SETS.md),
-    # so the patches that land port to 0.5.16's as they are (0006 too, its backend check being
-    # in 0002's call in both); the worker's import hunk (1) reaches the spec_info import and
-    # fails on 0.5.16's imports, its Mamba commit hunk is 15 (42 hunks in all).
+    # gates, so most of its new sites are widened. Both sets are on ddtree_kernels.sglang
+    # (docs/ddtree-module.md), so the patches that land port to 0.5.16's as they are (0006 too, its
+    # backend check being in 0002's call in both); the worker's import hunk (1) reaches the
+    # spec_info import and fails on 0.5.16's imports, its Mamba commit hunk is 15 (42 hunks in all).
     Lineage(
         "0.5.15",
         "0.5.16",
@@ -151,10 +151,10 @@ LINEAGES = (
     # needed a deep copy of the read-only server args, the draft runner's spec-bag scope and the
     # grammar refusal. New sites: string gates around the
     # ReplaySSM spec-verify and lazy Mamba caching (covered), grammar overlap, an NPU verify layout
-    # and two gates 0.5.17 rewrote (widened). Both sets are on the v2 design (THIN-SETS.md): the
-    # worker's spec_info import hunk (2) fails on 0.5.17's imports, its draft-tokens hunk (13,
-    # without the window's slots, now the verify step's) lands with fuzz, and its accept hunk
-    # is 15.
+    # and two gates 0.5.17 rewrote (widened). Both sets are on ddtree_kernels.sglang
+    # (docs/ddtree-module.md): the worker's spec_info import hunk (2) fails on 0.5.17's imports, its
+    # draft-tokens hunk (13, without the window's slots, now the verify step's) lands with fuzz, and
+    # its accept hunk is 15.
     Lineage(
         "0.5.16",
         "0.5.17",
@@ -192,9 +192,10 @@ LINEAGES = (
     # the read-only guard, 0.5.18 having no ServerArgs.override; 0003 refuses a tree on a head
     # without a dense weight.) New sites: the DFlash draft pool's KV cell size and the spec worker's draft runners
     # (widened), and the FutureMap relay gate spec_utils now asks of the spec bag (covered).
-    # Both sets are on the v2 design (THIN-SETS.md): the worker's import of spec_info's loader
-    # is one more hunk, so the log-prob guard's is 14 (50 hunks in all: 0001 gains the loader's
-    # hunk, 0006 keeps one of its three); the failed hunks are the fat sets' ones.
+    # Both sets are on ddtree_kernels.sglang (docs/ddtree-module.md): the worker's import of
+    # spec_info's loader is one more hunk, so the log-prob guard's is 14 (50 hunks in all: 0001
+    # gains the loader's hunk, 0006 keeps one of its three); the failed hunks are the fat sets'
+    # ones.
     Lineage(
         "0.5.17",
         "0.5.18",
@@ -237,9 +238,9 @@ LINEAGES = (
     # helpers follow. Two worker hunks that apply were rewritten too: 15 named
     # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 13's
     # `_ddtree_accept` took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
-    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on the v2 design
-    # (THIN-SETS.md): the failed hunks are the fat sets' ones, the worker's shifted by one (its
-    # import of spec_info's loader, 3, lands).
+    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on
+    # ddtree_kernels.sglang (docs/ddtree-module.md): the failed hunks are the fat sets' ones, the
+    # worker's shifted by one (its import of spec_info's loader, 3, lands).
     Lineage(
         "0.5.23",
         "0.5.22",
@@ -273,14 +274,14 @@ LINEAGES = (
     ),
     # 0.5.21 enters the draft's TP scope through its own `self.draft_tp_context(group,
     # owns_attention=...)` (0.5.22: `draft_tp_context(self.draft_owns_attention)`), plans no KV
-    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on the v2 design
-    # (THIN-SETS.md), so only the worker is rewritten: its import of spec_info's loader (3) has
-    # 0.5.22's sampling-mask import as context; hunks 15, the tree proposal, and 17, the verify
-    # input, apply but were rewritten into 0.5.21's context (its group argument; no KV plan for
-    # a wider tree's window); the accept hunk (20) reads the logit rows for a sampling mask 0.5.21
-    # does not capture, and 0.5.21 skips SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for
-    # DDTREE after it. New site: the scheduler's DFlash request validation, whose method 0.5.22
-    # renamed (widened).
+    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on
+    # ddtree_kernels.sglang (docs/ddtree-module.md), so only the worker is rewritten: its import of
+    # spec_info's loader (3) has 0.5.22's sampling-mask import as context; hunks 15, the tree
+    # proposal, and 17, the verify input, apply but were rewritten into 0.5.21's context (its group
+    # argument; no KV plan for a wider tree's window); the accept hunk (20) reads the logit rows for
+    # a sampling mask 0.5.21 does not capture, and 0.5.21 skips SGLANG_SIMULATE_ACC_LEN's forced
+    # chain acceptance for DDTREE after it. New site: the scheduler's DFlash request validation,
+    # whose method 0.5.22 renamed (widened).
     Lineage(
         "0.5.22",
         "0.5.21",
@@ -311,8 +312,8 @@ LINEAGES = (
     # never sets (test_verify_path_worker_v2's name check holds that). New sites: the draft-window
     # warning (covered), an NPU replay copy 0.5.21 splits in two, the draft runner's input-embeds
     # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm. Both sets are
-    # on the v2 design (THIN-SETS.md): the failed hunks are the fat sets' ones, the worker's one
-    # more (its import of spec_info's loader, 3) shifting their indices.
+    # on ddtree_kernels.sglang (docs/ddtree-module.md): the failed hunks are the fat sets' ones, the
+    # worker's one more (its import of spec_info's loader, 3) shifting their indices.
     Lineage(
         "0.5.21",
         "0.5.20",
@@ -340,9 +341,9 @@ LINEAGES = (
     # worker enters no draft TP scope, has no Domino head, and its third Mamba request pool spells
     # its layer ids inline. One hunk lands with fuzz 2 in the wrong place: the tree's retrieve
     # arrays would replace the chain's after the sampling kernel ran, not before, so 0004 was
-    # rewritten. 0.5.19 has no gate site 0.5.20's set does not review. Both sets are on the v2
-    # design (THIN-SETS.md): the worker's spec_info import (hunk 2) lands, so its failed hunks are
-    # the fat sets' lines one index on (4, 6, 8, 9, 15).
+    # rewritten. 0.5.19 has no gate site 0.5.20's set does not review. Both sets are on
+    # ddtree_kernels.sglang (docs/ddtree-module.md): the worker's spec_info import (hunk 2) lands,
+    # so its failed hunks are the fat sets' lines one index on (4, 6, 8, 9, 15).
     Lineage(
         "0.5.20",
         "0.5.19",

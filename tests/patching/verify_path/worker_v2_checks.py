@@ -29,10 +29,10 @@ from sglang.srt.speculative.spec_info import SpecInputType, SpeculativeAlgorithm
 
 class _Helpers:
     """The set's DDTREE helpers by the names the fat sets define in dflash_utils (`ddtree_X`); a
-    set on ddtree_kernels.sglang calls the module's X (THIN-SETS.md), and its dflash_utils keeps
-    only what DFLASH code calls (`ddtree_verify_uses_tree_mask`, `ddtree_draft_block_size`; 0.5.17
-    and 0.5.18 also their draft runner's server args and spec-bag scope and their request
-    validation)."""
+    set on ddtree_kernels.sglang calls the module's X (docs/ddtree-module.md, "What each set
+    keeps"), and its dflash_utils keeps only what DFLASH code calls
+    (`ddtree_verify_uses_tree_mask`, `ddtree_draft_block_size`; 0.5.17 and 0.5.18 also their draft
+    runner's server args and spec-bag scope and their request validation)."""
 
     def __getattr__(self, name: str):
         if hasattr(U, name):
@@ -510,7 +510,7 @@ def propose_tree_results(W, tp_group, host_kwargs, overlap_kwargs) -> dict:
 def worker_double(*, topk: int, budget: int, width: int, block: int) -> SimpleNamespace:
     """A tree-mode DFlashWorkerV2 after `_init_ddtree`, as far as the tree proposal reads it: the
     settings as the fat sets keep them (`_ddtree_topk`, ...) and as a set on
-    ddtree_kernels.sglang's `Verifier` keeps them (`_ddtree`, THIN-SETS.md)."""
+    ddtree_kernels.sglang's `Verifier` keeps them (`_ddtree`, docs/ddtree-module.md)."""
     settings = ddtree_module.Settings(mode="tree", budget=budget, topk=topk, width=width)
     return SimpleNamespace(
         _ddtree_topk=topk, _ddtree_budget=budget, _ddtree_width=width,
@@ -765,8 +765,9 @@ def hybrid_refusal():
 
 
 def api_refusal_results(init) -> dict:
-    """A set on ddtree_kernels.sglang (THIN-SETS.md): its DDTREE logic is the module's, at the
-    API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py, which
+    """A set on ddtree_kernels.sglang (docs/ddtree-module.md, "The API version"): its DDTREE
+    logic is the module's, at the API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree`
+    (real, in spec_info.py, which
     server-argument handling and the worker's `_init_ddtree` (real, through `init(spec)`: the
     release's worker double, as for worker_init) call first) refuses at start, in one sentence,
     a module of another API version (the module's frozen `require`) or none; DFLASH's modules

@@ -5,7 +5,7 @@ Run as `python checks.py NAME... | all` with the patched `sglang/` first on PYTH
 req_to_token kernel then runs on CPU tensors), and this folder's parent (checklib.py: each check
 runs in its own fork, the imports paid once, and prints one JSON line the pytest side asserts on).
 
-The sets are thin (THIN-SETS.md, the v2 design): their DDTREE logic is ddtree_kernels.sglang's,
+The sets are on ddtree_kernels.sglang (docs/ddtree-module.md): their DDTREE logic is the module's,
 which these checks reach through the set's own loader (`ddtree = spec_info.load_ddtree()`, as the
 worker holds it); the worker's hunks are compiled from the patched worker and run with test
 doubles.
@@ -948,8 +948,8 @@ def hybrid_case(width: int, depth: int, k: int, budget: int) -> dict:
 
 @check
 def ddtree_api_refusal():
-    """The thin set (THIN-SETS.md, the v2 design): its DDTREE logic is ddtree_kernels.sglang's, at
-    the API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py),
+    """The set on ddtree_kernels.sglang (docs/ddtree-module.md): its DDTREE logic is the module's,
+    at the API its spec_info.py names (DDTREE_SGLANG_API). `load_ddtree` (real, in spec_info.py),
     which the server arguments' `_handle_ddtree_args` and the worker's `_init_ddtree` (both real)
     call first, refuses at start, in one sentence, a module of another API version (the module's
     frozen `require`) or none; DFLASH's modules import, and its predicates answer, with no

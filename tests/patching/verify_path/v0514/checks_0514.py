@@ -55,7 +55,7 @@ from worker_v2_checks import (
     wide_propose_results,
 )
 
-# A set on ddtree_kernels.sglang's Verifier (THIN-SETS.md says which): its worker accepts a
+# A set on ddtree_kernels.sglang's Verifier (docs/ddtree-module.md): its worker accepts a
 # verify step's tree in `_ddtree_accept` (the release's sampler, then `Step.accept`), and its
 # tree-mode commit hands the draft KV the path's rows in block layout (`block_rows`). The fat
 # sets keep `_ddtree_accept_block` and their own row slicing.

@@ -1,7 +1,7 @@
 """What 0.5.17's DDTREE verify path adds (0.5.18's too), on CPU against the real patched release.
 
-0.5.17's set is on the v2 design (THIN-SETS.md: its DDTREE logic is ddtree_kernels.sglang's;
-0.5.18's set, 0.5.17's fat one ported, is not yet). Its checks are 0.5.14's (v0514/checks_0514.py,
+0.5.17's set (0.5.18's too) is on ddtree_kernels.sglang (docs/ddtree-module.md: its DDTREE logic
+is the module's). Its checks are 0.5.14's (v0514/checks_0514.py,
 run in the 0.5.17 staging venv: conftest.SHARED_CHECKS; test_thin_sets.py holds its API
 refusal), where the places its worker differs follow the release (its config bags, its read-only
 server args); the checks it shares are tested in ../test_verify_path_worker_v2.py and ../v0514/

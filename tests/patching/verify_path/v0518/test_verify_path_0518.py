@@ -1,7 +1,8 @@
 """What only 0.5.18's DDTREE verify path has, on CPU against the real patched release.
 
-0.5.18's set is on the v2 design (THIN-SETS.md: its DDTREE logic is ddtree_kernels.sglang's),
-0.5.17's fat set ported with the hunks 0.5.18's code moved rewritten and then thinned. Its checks
+0.5.18's set is on ddtree_kernels.sglang (docs/ddtree-module.md: its DDTREE logic is the
+module's), 0.5.17's fat set ported with the hunks 0.5.18's code moved rewritten and then thinned.
+Its checks
 are 0.5.14's (v0514/checks_0514.py, run in the 0.5.18 staging venv: conftest.SHARED_CHECKS;
 test_thin_sets.py holds its API refusal); what it shares with 0.5.17 is tested in ../v0517/
 and before. Here: what 0.5.18's DFLASH newly serves and a

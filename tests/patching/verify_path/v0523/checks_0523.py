@@ -51,7 +51,7 @@ from worker_v2_checks import (
     wide_propose_results,
 )
 
-# A set on ddtree_kernels.sglang's Verifier (0.5.19; THIN-SETS.md): its worker accepts a verify
+# A set on ddtree_kernels.sglang's Verifier (docs/ddtree-module.md): its worker accepts a verify
 # step's tree in `_ddtree_accept` (the release's sampler or its TP-synced argmax, then the
 # step's accept) and its tree-mode commit hands the draft KV the path's rows in block layout
 # (`block_rows`, through `Step.commit`). The fat sets keep `_ddtree_accept_block` and their
@@ -569,7 +569,7 @@ def ddtree_api_refusal():
     return api_refusal_results(_init)
 
 
-if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (../v0514/test_thin_0514.py)
+if VERIFIER:  # the sets on ddtree_kernels.sglang's Verifier (../test_thin_sets.py)
     check(ddtree_api_refusal)
 
 
