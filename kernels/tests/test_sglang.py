@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddtree_kernels import ExtensionUnavailableError, _extension, ops, reference
 from ddtree_kernels import sglang as S
@@ -861,3 +862,104 @@ def test_step_commit_rows_lay_another_tensor_out_as_the_commit_did_the_hidden_ro
     chain = S.Step(tree=tree, mode="shadow_linear", cache_loc=torch.zeros(1, 6),  # type: ignore[arg-type]
                    prefix_lens=torch.tensor([3]), block_size=6)  # fmt: skip
     assert chain.commit_rows(x) is x
+
+
+# Aten ops whose CUDA implementation makes the host wait for the device: a value read back
+# (`.item()`, `int(t)`, `bool(t)`, `torch.equal`) or an output shape that depends on the data.
+_SYNCING_OPS = {
+    "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal", "aten::nonzero",
+    "aten::nonzero_static", "aten::masked_select", "aten::unique_dim", "aten::_unique2",
+    "aten::unique_consecutive", "aten::repeat_interleave.Tensor",
+}  # fmt: skip
+
+
+class _SyncRecorder(TorchDispatchMode):
+    """The aten ops a call issues, outside the kernels' ops (on the GPU CUDA kernels that never
+    synchronise, here the reference, which may)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.paused = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if not self.paused:
+            overload = func._overloadname
+            self.ops.append(func._schema.name + ("" if overload == "default" else f".{overload}"))
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def syncs(self) -> list[str]:
+        return [op for op in self.ops if op in _SYNCING_OPS or op.split(".")[0] in _SYNCING_OPS]
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> _SyncRecorder:
+    """A recorder to enter around device work (host lengths are read before it)."""
+    rec = _SyncRecorder()
+    for name in ("build_tree", "verify_walk", "commit_indices", "topk_logprobs", "sample_tokens"):
+        op = getattr(ops, name)
+
+        def paused(*a: object, _op: Callable[..., object] = op, **kw: object) -> object:
+            rec.paused += 1
+            try:
+                return _op(*a, **kw)
+            finally:
+                rec.paused -= 1
+
+        monkeypatch.setattr(ops, name, paused)
+    return rec
+
+
+@pytest.mark.parametrize(("mode", "budget", "width"), [("tree", 7, 8), ("tree", 5, 8),
+                                                        ("shadow_linear", 7, 8)])  # fmt: skip
+def test_a_greedy_step_never_waits_on_the_device(
+    recorder: _SyncRecorder, mode: str, budget: int, width: int
+) -> None:
+    """Issue 22: a greedy verify step's host work around the kernels (propose, verify input,
+    accept, commit, the recurrent-state steps) reads no value back from the device, so the host
+    runs ahead of the GPU and the step's ops can be captured. Budget 5 at width 8 pads the tree
+    and builds the mask here, not in the kernel."""
+    bs, block, hidden_size, vocab = 2, 8, 16, 40
+    g = torch.Generator().manual_seed(3)
+    verifier = _verifier(mode, budget, width, block)
+    prefix = torch.tensor([4, 9])
+    roots = torch.tensor([1, 2])
+    host_sum = S.host_prefix_sum(prefix, exact_lens=torch.tensor([4, 9]))  # seq_lens_cpu
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
+    lm_head = SimpleNamespace(weight=torch.randn(vocab, hidden_size, generator=g))
+    draft_tokens = torch.randint(0, vocab, (bs, block), generator=g)
+    logits = torch.randn(bs * width, vocab, generator=g)
+    hidden = torch.randn(bs * width, hidden_size, generator=g)
+    pool = torch.zeros(256)
+
+    def move_kv_cache(tgt: torch.Tensor, src: torch.Tensor) -> None:
+        pool[tgt] = pool[src].clone()  # TEST DOUBLE for SGLang's KV pool move
+
+    with recorder:
+        tree = None
+        if mode == "tree":
+            tree = verifier.propose(
+                draft_hidden=draft_hidden, lm_head=lm_head, root_tokens=roots,
+                prefix_lens=prefix, host_sum=host_sum, tp_group=None,
+            )  # fmt: skip
+        step = verifier.step(
+            tree=tree, draft_tokens=draft_tokens, prefix_lens=prefix,
+            block_cache_loc=torch.arange(bs * block).view(bs, block),
+            req_to_token=torch.arange(2 * 64).view(2, 64), req_pool_indices=torch.tensor([1, 0]),
+        )  # fmt: skip
+        step.verify_input(SimpleNamespace)
+        accepted = step.accept(logits)
+        step.commit(move_kv_cache, hidden)
+        if step.accept_index is not None:
+            S.mamba_steps(step.accept_index, accepted[1], torch.tensor([0, -1]))
+    assert recorder.ops, "the recorder saw the step"
+    assert recorder.syncs == []
+
+
+def test_the_sync_recorder_sees_a_read_back(recorder: _SyncRecorder) -> None:
+    """What the test above relies on: a device read-back (the prefix sum's device fallback, used
+    only where a release has no host lengths) shows as a syncing op."""
+    with recorder:
+        S.host_prefix_sum(torch.tensor([4, 9]))
+    assert recorder.syncs == ["aten::_local_scalar_dense"]
