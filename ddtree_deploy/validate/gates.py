@@ -278,7 +278,9 @@ def judge_tree(
     floor = max((o.max_gap for o in scoring.baseline), default=0.0)
     tolerance = ties.applied(floor)
     verdict = TieVerdict(tolerance, scoring.candidate)
-    figures.update(_tie_figures(tree, scoring, verdict, found))
+    # Where the prefill is no judge, the report marks each token by the configured tolerance.
+    shown = verdict if ties.judges(floor) else TieVerdict(ties.tolerance, scoring.candidate)
+    figures.update(_tie_figures(tree, scoring, shown, found))
     figures.update(
         tie_tolerance=ties.tolerance,
         tie_noise_factor=ties.noise_factor,

@@ -391,6 +391,9 @@ def test_a_target_whose_prefill_disagrees_with_linear_dflash_is_no_judge() -> No
         result = tree_verdict(tree, Scoring(candidate, stray))
         assert result.outcome is outcome, result.sentence
         assert result.figures["baseline_max_gap"] == 2.0
+        # The report marks the tokens by the configured tolerance, not the 4 it cannot judge by.
+        rows = {row["prompt"]: row for row in result.figures["per_prompt"]}
+        assert rows["code"]["verdict"] == ("near-tie" if gap <= 0.5 else "beyond tolerance")
     assert (
         "linear DFlash's own tokens sit up to 2.0000 nats"
         in tree_verdict(
