@@ -278,7 +278,8 @@ def judge_tree(
     floor = max((o.max_gap for o in scoring.baseline), default=0.0)
     tolerance = ties.applied(floor)
     verdict = TieVerdict(tolerance, scoring.candidate)
-    # Where the prefill is no judge, the report marks each token by the configured tolerance.
+    # Where the prefill is no judge, the report marks each token by the configured tolerance
+    # (and a token beyond it is inconclusive, below).
     shown = verdict if ties.judges(floor) else TieVerdict(ties.tolerance, scoring.candidate)
     figures.update(_tie_figures(tree, scoring, shown, found))
     figures.update(
@@ -313,19 +314,15 @@ def judge_tree(
             figures,
             first,
         )
-    elif verdict.max_gap > ties.tolerance and not ties.judges(floor):
+    elif shown is not verdict and (stray := shown.beyond) is not None:
         # The judge itself is off here: linear DFlash, which the tree must match, strays so far
         # from the prefill (its verify and the prefill disagree beyond a near-tie) that the
         # tolerance it implies exceeds the most the operator allows.
-        worst = max(
-            ((o, *w) for o in scoring.candidate if (w := o.worst()) is not None),
-            key=lambda f: f[2].gap,
-        )
         return GateResult(
             gate,
             Outcome.inconclusive,
             f"Tree mode emitted a token beyond validation.tie_tolerance={ties.tolerance:g} "
-            f"({_where(*worst)}), but linear DFlash's own tokens sit up to {floor:.4f} nats "
+            f"({_where(*stray)}), but linear DFlash's own tokens sit up to {floor:.4f} nats "
             "below the target's prefill choice on this target, beyond what "
             f"validation.max_tie_tolerance={ties.max_tolerance:g} lets the rule widen to, so "
             "its scores cannot tell a near-tie from a bug here.",
