@@ -703,17 +703,26 @@ def run_overhead(
                         warm[level] = {"repeats": repeats, **run}
             save()
         if timelines is not None:
-            for name, server in servers.items():
-                timelines[name] = profile_server(lab, name, server)
-                save()
+            timelines.update(profile_servers(lab, servers))
+            save()
     finally:
         lab.stop(*servers.values())
 
 
-def profile_server(lab: Lab, name: str, server: Server) -> dict[str, Any] | str:
-    """Issue 22's timeline of one live server: SGLang's own /start_profile (CPU and GPU, Python
-    stacks) over PROFILE_STEPS steps of one batch-1 answer, the trace summarised here
-    (timeline.py) and only the summary kept; or why there is none."""
+def profile_servers(lab: Lab, servers: dict[str, Server]) -> dict[str, dict[str, Any] | str]:
+    """Issue 22's timeline of each live server, or why there is none. The servers record one at
+    a time (only one answers while its steps are recorded), and each exports its trace while the
+    next records: with Python stacks an export takes about 110 s of one CPU core of the server
+    being profiled (run 15: two of three servers' profiles fit a 600 s call), not its GPU."""
+    recorded = {name: record_profile(lab, name, server) for name, server in servers.items()}
+    deadline = time.monotonic() + PROFILE_WAIT_S
+    return {name: folder if isinstance(folder, str) else collect_profile(folder, deadline)
+            for name, folder in recorded.items()}  # fmt: skip
+
+
+def record_profile(lab: Lab, name: str, server: Server) -> Path | str:
+    """SGLang's own /start_profile (CPU and GPU, Python stacks) over PROFILE_STEPS steps of one
+    batch-1 answer; the folder the server exports the trace to, or why nothing was recorded."""
     folder = lab.root / "profiles" / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -733,8 +742,14 @@ def profile_server(lab: Lab, name: str, server: Server) -> dict[str, Any] | str:
             started.result()
         except httpx.HTTPError as error:
             return f"no profile: {type(error).__name__}"
-    deadline, sizes = time.monotonic() + PROFILE_WAIT_S, [-1]
-    while time.monotonic() < deadline:  # until the export stops growing
+    return folder
+
+
+def collect_profile(folder: Path, deadline: float) -> dict[str, Any] | str:
+    """The summary (timeline.py) of the trace a server exports into `folder`, once the file
+    stops growing, or why there is none by `deadline` (time.monotonic())."""
+    sizes = [-1]
+    while time.monotonic() < deadline:
         traces = sorted(folder.glob("*.trace.json.gz"))
         sizes.append(traces[0].stat().st_size if traces else -1)
         if sizes[-1] > 0 and sizes[-1] == sizes[-2]:

@@ -106,60 +106,88 @@ def test_a_trace_without_two_steps_has_no_timeline() -> None:
     assert summarize_trace([one]) is None
 
 
-class _Profiled(http.server.BaseHTTPRequestHandler):
-    """SGLang's two endpoints as the lab uses them: /start_profile (answered once the steps are
-    recorded, as some releases do) and /generate, whose steps the profiler records through the
-    worker-shaped loop above, exported where the request said."""
+def _profiled(worker: object, export_after: threading.Event | None) -> type:
+    """SGLang's two endpoints as the lab uses them, for one server: /start_profile (answered
+    once the steps are recorded, as some releases do) and /generate, whose steps the profiler
+    records through the worker-shaped loop above. The trace is exported where the request said,
+    from a thread as SGLang does, once `export_after` is set (None: at once) or never."""
 
-    requests: ClassVar[list[tuple[str, dict[str, object]]]] = []
-    profiling = threading.Event()
-    recorded = threading.Event()
-    worker: object = None
+    class Profiled(http.server.BaseHTTPRequestHandler):
+        requests: ClassVar[list[tuple[str, dict[str, object]]]] = []
+        profiling = threading.Event()
+        recorded = threading.Event()
+        generated = threading.Event()
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.requests.append((self.path, body))
-        if self.path == "/generate":
-            x = torch.randn(8, 8)
-            with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-                for _ in range(3):
-                    self.worker.forward_batch_generation(x)  # type: ignore[attr-defined]
-            start = dict(self.requests)["/start_profile"]
-            out = Path(str(start["output_dir"])) / "1-TP-0.trace.json"
-            prof.export_chrome_trace(str(out))
-            out.with_suffix(".json.gz").write_bytes(gzip.compress(out.read_bytes()))
-            self.recorded.set()
-        else:
-            self.profiling.set()
-            self.recorded.wait(60)
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"{}")
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.requests.append((self.path, body))
+            if self.path == "/generate":
+                self.generated.set()
+                assert self.profiling.wait(10)
+                x = torch.randn(8, 8)
+                with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+                    for _ in range(3):
+                        worker.forward_batch_generation(x)  # type: ignore[attr-defined]
+                out = Path(str(dict(self.requests)["/start_profile"]["output_dir"]))
+                threading.Thread(target=self._export, args=(prof, out), daemon=True).start()
+                self.recorded.set()
+            else:
+                self.profiling.set()
+                self.recorded.wait(60)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
 
-    def log_message(self, *args: object) -> None:
-        pass
+        @staticmethod
+        def _export(prof: profile, out: Path) -> None:
+            if export_after is not None and not export_after.wait(30):
+                return
+            trace = out / "1-TP-0.trace.json"
+            prof.export_chrome_trace(str(trace))
+            trace.with_suffix(".json.gz").write_bytes(gzip.compress(trace.read_bytes()))
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Profiled
 
 
-def test_the_lab_profiles_a_live_server_and_keeps_its_timeline(
+def _serve(handler: type) -> http.server.ThreadingHTTPServer:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _Profiled.worker = _worker_module(tmp_path).Worker()  # type: ignore[attr-defined]
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Profiled)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    # The lab's pause before it asks for the answer lasts until the profile was asked for.
-    monkeypatch.setattr(run.time, "sleep", lambda s: _Profiled.profiling.wait(10))
+    """Each server exports while the next records (an export with stacks takes minutes on the
+    GPU machine): here the first exports only once the second has been asked for its answer,
+    so profiling them one after the other, export included, would find no trace."""
+    worker = _worker_module(tmp_path).Worker()  # type: ignore[attr-defined]
+    second = _profiled(worker, None)
+    first = _profiled(worker, second.generated)
+    servers = {"dflash": _serve(first), "ddtree_shadow": _serve(second)}
+    real_sleep = time.sleep
+    monkeypatch.setattr(run.time, "sleep", lambda s: real_sleep(min(s, 0.2)))
+    monkeypatch.setattr(run, "PROFILE_WAIT_S", 10)
     lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
     lab.api_key = "k"
-    server = run.Server("dflash", None, httpd.server_address[1], tmp_path / "log", 0.0)  # type: ignore[arg-type]
+    live = {name: run.Server(name, None, httpd.server_address[1], tmp_path / name, 0.0)  # type: ignore[arg-type]
+            for name, httpd in servers.items()}  # fmt: skip
     try:
-        timeline = run.profile_server(lab, "dflash", server)
+        timelines = run.profile_servers(lab, live)
     finally:
-        httpd.shutdown()
-    assert [path for path, _ in _Profiled.requests] == ["/start_profile", "/generate"]
-    start = _Profiled.requests[0][1]
-    assert start["with_stack"] is True and start["num_steps"] == run.PROFILE_STEPS
-    assert str(start["output_dir"]).startswith(str(tmp_path / "lab" / "profiles"))
+        for httpd in servers.values():
+            httpd.shutdown()
+    for handler in (first, second):
+        assert [path for path, _ in handler.requests] == ["/start_profile", "/generate"]
+        start = handler.requests[0][1]
+        assert start["with_stack"] is True and start["num_steps"] == run.PROFILE_STEPS
+        assert str(start["output_dir"]).startswith(str(tmp_path / "lab" / "profiles"))
+    timeline = timelines["dflash"]
     assert isinstance(timeline, dict) and timeline["steps"] == 3
+    assert isinstance(timelines["ddtree_shadow"], dict)
     assert "speculative/fake_worker.py:_ddtree_propose" in dict(timeline["functions"])
     table = render_table({"release": "0.5.11", "steps": [], "cells": [], "timeline": {
         "dflash": timeline, "ddtree_shadow": "no finished trace within 240 s"}})  # fmt: skip
