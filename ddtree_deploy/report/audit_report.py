@@ -61,6 +61,10 @@ def audit_to_dict(report: AuditReport) -> dict[str, Any]:
         "drifted": report.drifted,
         "summary": _summary(report),
         **dataclasses.asdict(report),
+        "module_api": {
+            **dataclasses.asdict(report.module_api),
+            "matches": report.module_api.matches,
+        },
     }
 
 

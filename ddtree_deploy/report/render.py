@@ -146,6 +146,10 @@ def audit_summary(report: AuditReport) -> None:
     for finding in unreviewed:
         site = finding.site
         console.print_line(f"unreviewed: {site.file}:{site.line} ({site.function}) {site.text}")
+    console.print_line(
+        f"ddtree_kernels.sglang: {report.module_api.sentence}",
+        style=None if report.module_api.matches else "yellow",
+    )
 
 
 def _offsets(plan: FilePlan) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -147,3 +148,57 @@ def test_audit_reports_write_json_markdown_and_junit(host: LocalHost, tmp_path: 
     failed = [c.get("name") for c in cases if c.find("failure") is not None]
     assert failed == ["2 f: return a.is_dflash() | 1"]
     assert suite.get("failures") == "1"
+
+
+def _install_module(site: Path, api: int) -> None:
+    """A `ddtree_kernels.sglang` as a kernels wheel installs it beside SGLang, at `api`: the
+    checkout's own module with its version line rewritten (the audit reads, never imports)."""
+    source = Path(__file__).parents[2] / "kernels" / "ddtree_kernels" / "sglang.py"
+    text = re.sub(r"(?m)^API_VERSION = \d+$", f"API_VERSION = {api}", source.read_text())
+    (site / "ddtree_kernels").mkdir()
+    (site / "ddtree_kernels" / "__init__.py").write_text("")
+    (site / "ddtree_kernels" / "sglang.py").write_text(text)
+
+
+def test_audit_reports_the_module_api_beside_the_set_s(
+    make_tree: Callable[[str], Path], host: LocalHost, state: HostStateStore, tmp_path: Path
+) -> None:
+    """Issue 21: the installed module's API version beside the one the set calls, on the real
+    0.5.11 set; none installed and a mismatch are said, and neither fails the audit (DFLASH
+    needs no module; DDTREE refuses at start in one sentence)."""
+    patch_set = real_patch_set("0.5.11")
+    wanted = patch_set.module_api()
+    assert wanted is not None
+    site = make_tree("0.5.11")
+    apply_patch_set(host, PurePosixPath(site), patch_set, state)
+
+    report = audit(host, PurePosixPath(site), patch_set, state)
+    assert (report.module_api.wanted, report.module_api.installed) == (wanted, None)
+    assert not report.module_api.matches and report.passed
+    markdown = write_audit_reports(report, tmp_path / "none").markdown.read_text()
+    assert f"the set calls API {wanted}, installed none: DDTREE refuses at start" in markdown
+
+    _install_module(site, wanted)
+    report = audit(host, PurePosixPath(site), patch_set, state)
+    assert report.module_api.installed == wanted and report.module_api.matches
+    paths = write_audit_reports(report, tmp_path / "same")
+    assert f"the set calls API {wanted}, installed API {wanted}\n" in paths.markdown.read_text()
+    data = json.loads(paths.json.read_text())
+    assert data["module_api"] == {"wanted": wanted, "installed": wanted, "matches": True}
+
+    shutil.rmtree(site / "ddtree_kernels")
+    _install_module(site, wanted + 1)
+    report = audit(host, PurePosixPath(site), patch_set, state)
+    assert report.module_api.installed == wanted + 1 and not report.module_api.matches
+    markdown = write_audit_reports(report, tmp_path / "other").markdown.read_text()
+    assert f"installed API {wanted + 1}: DDTREE refuses at start; run `action=build-kernels`" in (
+        markdown
+    )
+    assert report.passed
+
+
+def test_audit_of_a_set_with_its_own_logic_wants_no_module(host: LocalHost, tmp_path: Path) -> None:
+    report = audit(host, PurePosixPath(_tiny_tree(tmp_path)), _tiny_set(tmp_path, [_REVIEW]))
+    assert report.module_api.wanted is None and report.module_api.matches
+    markdown = write_audit_reports(report, tmp_path / "run").markdown.read_text()
+    assert "ddtree_kernels.sglang: the set calls none (its logic is its own)" in markdown
