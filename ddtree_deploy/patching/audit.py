@@ -48,8 +48,8 @@ class UnparsedModule:
     error: str
 
 
-KERNELS_PACKAGE = "ddtree_kernels"
-_MODULE_FILE = PurePosixPath(KERNELS_PACKAGE, "sglang.py")
+_KERNELS_PACKAGE = "ddtree_kernels"
+_MODULE_FILE = PurePosixPath(_KERNELS_PACKAGE, "sglang.py")
 _API_LINE = re.compile(rb"^API_VERSION = (\d+)\s*$", re.MULTILINE)
 
 
@@ -140,9 +140,9 @@ def installed_module_api(
     host: ShellHost, site_packages: PurePosixPath, *, sudo: bool = False
 ) -> int | None:
     """`API_VERSION` of the `ddtree_kernels.sglang` installed under `site_packages`, read from
-    its source (importing it would need torch and a GPU build); None without the module."""
+    its source (importing it would need torch in the audit's shell); None without it."""
     try:
-        sources = read_python_sources(host, site_packages, KERNELS_PACKAGE, sudo=sudo)
+        sources = read_python_sources(host, site_packages, _KERNELS_PACKAGE, sudo=sudo)
     except PackageNotFound:
         return None
     found = _API_LINE.search(sources.get(_MODULE_FILE, b""))
