@@ -25,6 +25,7 @@ an accepted path holds at most B nodes (the drafter's B - 1 positions plus the r
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -502,13 +503,46 @@ def propose_tree(
     )
 
 
+@functools.lru_cache(maxsize=128)
+def _chain_links(bs: int, width: int, device: torch.device) -> Tree:
+    """Everything of a chain tree of `width` nodes that its tokens and prefix do not change
+    (tokens and positions None): parents, depths, the causal ancestor mask, the links, the
+    retrieve rows, no custom mask. Built once per batch size, so a shadow_linear step spends no
+    launches on it. Shared between steps: nothing may write into these tensors."""
+    node = torch.arange(width, device=device)
+    rows = torch.arange(bs, device=device).unsqueeze(1)
+
+    def per_request(t: torch.Tensor) -> torch.Tensor:
+        return t.expand(bs, width).contiguous()
+
+    return Tree(
+        tokens=None,  # type: ignore[arg-type]
+        parents=per_request(node - 1),
+        depths=per_request(node),
+        positions=None,  # type: ignore[arg-type]
+        ancestor_mask=torch.ones(width, width, dtype=torch.bool, device=device)
+        .tril()
+        .expand(bs, width, width)
+        .contiguous(),
+        retrieve_next_token=per_request(torch.where(node + 1 < width, node + 1, -1)),
+        retrieve_next_sibling=torch.full((bs, width), -1, dtype=torch.int64, device=device),
+        retrieve_index=rows * width + node,
+        num_nodes=torch.full((bs,), width, dtype=torch.int64, device=device),
+        custom_mask=torch.empty(0, dtype=torch.bool, device=device),
+    )
+
+
 def chain_tree(draft_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> Tree:
-    """shadow_linear: DFlash's own draft chain [bs, B] (root first) as a DDTree (top-k 1,
-    budget B - 1), so the walk and commit run the tree code on DFlash's tokens."""
-    _, width = draft_tokens.shape
-    chain = draft_tokens[:, 1:].to(torch.int64).unsqueeze(-1)
-    logp = torch.zeros(chain.shape, dtype=torch.float32, device=draft_tokens.device)
-    return ops.build_tree(logp, chain, draft_tokens[:, 0].to(torch.int64), prefix_lens, width - 1)
+    """shadow_linear: DFlash's own draft chain [bs, B] (root first) as a DDTree, the tree the
+    kernels build from it at top-k 1 and budget B - 1 (no custom mask), so the walk and commit
+    run the tree code on DFlash's tokens. Only its tokens and positions are new each step; the
+    rest is `_chain_links`' (two launches a step where the kernels' build took a dozen)."""
+    bs, width = draft_tokens.shape
+    links = _chain_links(int(bs), int(width), draft_tokens.device)
+    return links._replace(
+        tokens=draft_tokens.to(torch.int64),
+        positions=prefix_lens.to(torch.int64).unsqueeze(1) + links.depths,
+    )
 
 
 def verify_input_fields(tree: Tree, *, tree_mask: bool) -> dict[str, torch.Tensor | None]:
@@ -712,40 +746,56 @@ def vocab_parallel_topk_logprobs(
     """
     n = int(hidden_states.shape[0])
     device = hidden_states.device
-    logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
-    ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
     if n == 0:
-        return logp_out, ids_out
+        return (
+            torch.empty((0, k), dtype=torch.float32, device=device),
+            torch.empty((0, k), dtype=torch.int64, device=device),
+        )
     tp = int(tp_group.world_size)
     shard = lm_head.shard_indices
     weight = lm_head.weight  # [local vocab, padded, hidden]
     num_org = int(shard.num_org_elements)
     num_org_padded = int(shard.num_org_elements_padded)
     num_added = int(shard.num_added_elements)
-    local_ids = torch.cat(
-        [
-            torch.arange(num_org, device=device) + int(shard.org_vocab_start_index),
-            torch.arange(num_added, device=device) + int(shard.added_vocab_start_index),
-        ]
-    )
-    local_k = min(k, int(local_ids.numel()))
+    org_start = int(shard.org_vocab_start_index)
+    # A column's global id: its base row's plus the shard's start, or for added (LoRA) rows
+    # their own ids, which only a table holds (built only for a head that has them).
+    added_ids = None
+    if num_added > 0:
+        added_ids = torch.cat(
+            [
+                torch.arange(num_org, device=device) + org_start,
+                torch.arange(num_added, device=device) + int(shard.added_vocab_start_index),
+            ]
+        )
+    local_k = min(k, num_org + num_added)
     if tp == 1 and local_k < k:
         raise ValueError(f"DDTREE topk {k} exceeds the vocabulary ({local_k}).")
-    for start in range(0, n, int(chunk_size)):
-        end = min(n, start + int(chunk_size))
-        hs = hidden_states[start:end].to(weight.dtype)
+
+    def chunk_topk(hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hs = hs.to(weight.dtype)
         logits = torch.matmul(hs, weight[:num_org].T)
-        if num_added > 0:
+        if added_ids is not None:
             added = weight[num_org_padded : num_org_padded + num_added]
             logits = torch.cat([logits, torch.matmul(hs, added.T)], dim=1)
         top = ops.topk_logprobs(logits, local_k)
-        top_ids = local_ids[top.ids]
+        if added_ids is not None:
+            return logits, top.logp, added_ids[top.ids]
+        return logits, top.logp, top.ids + org_start if org_start else top.ids
+
+    if tp == 1 and n <= chunk_size:  # a decode step's draft: no output buffers to fill
+        _, logp, ids = chunk_topk(hidden_states)
+        return logp, ids
+    logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
+    ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
+    for start in range(0, n, int(chunk_size)):
+        end = min(n, start + int(chunk_size))
+        logits, logp, top_ids = chunk_topk(hidden_states[start:end])
         if tp == 1:
-            logp_out[start:end], ids_out[start:end] = top.logp, top_ids
+            logp_out[start:end], ids_out[start:end] = logp, top_ids
             continue
         rows = end - start
         log_z = torch.logsumexp(logits.float(), dim=-1)
-        logp = top.logp
         if local_k < k:  # a shard smaller than k: entries that never win
             logp = torch.cat([logp, logp.new_full((rows, k - local_k), float("-inf"))], 1)
             never = top_ids.new_full((rows, k - local_k), torch.iinfo(torch.int64).max)
@@ -807,22 +857,32 @@ def walk_tree(
     return ops.verify_walk(tokens, parents, target_tokens.to(torch.int64), path_len - 1)
 
 
+@functools.lru_cache(maxsize=128)
+def _path_row_keys(
+    bs: int, width: int, path_width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`path_rows`' constants at one shape: each node's sort key off the path (W + node, and a
+    spare column W for padding to land in), each path position's key (its position), and each
+    request's first row. Shared between steps: nothing may write into them."""
+    off_path = torch.arange(width, 2 * width + 1, device=device).expand(bs, width + 1)
+    on_path = torch.arange(path_width, device=device).expand(bs, path_width).contiguous()
+    first_row = torch.arange(bs, device=device).unsqueeze(1) * width
+    return off_path, on_path, first_row
+
+
 def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
     """A permutation [bs * W] of the verify rows: each request's accepted path (`accept_index`
     [bs, A], local, root first, -1 padded) first, then its other nodes in node order. Indexing a
     window's slots, tokens or hidden rows with it lays the path out as DFLASH's committed
-    prefix, and keeps every other row (each is freed or dropped once, as DFLASH's would be)."""
+    prefix, and keeps every other row (each is freed or dropped once, as DFLASH's would be).
+    One sort of per-node keys: a path node's is its position, any other's W + its index."""
     bs, path_width = accept_index.shape
-    device = accept_index.device
-    key = torch.arange(width, 2 * width + 1, device=device).repeat(bs, 1)
-    on_path = accept_index >= 0
-    key.scatter_(
-        1,
-        torch.where(on_path, accept_index, width),  # padding lands in the spare column
-        torch.arange(path_width, device=device).repeat(bs, 1),
+    off_path, on_path, first_row = _path_row_keys(
+        int(bs), int(width), int(path_width), accept_index.device
     )
-    order = torch.argsort(key[:, :width], dim=1)
-    return (order + torch.arange(bs, device=device).unsqueeze(1) * width).reshape(-1)
+    key = off_path.clone()
+    key.scatter_(1, torch.where(accept_index >= 0, accept_index, width), on_path)
+    return (torch.argsort(key[:, :width], dim=1) + first_row).reshape(-1)
 
 
 # ------------------------------------------------------------------ the worker's verify step

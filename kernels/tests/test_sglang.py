@@ -338,6 +338,31 @@ def test_chain_tree_is_dflash_chain_with_causal_mask() -> None:
     assert tree.retrieve_next_token.tolist() == [[1, 2, 3, -1]] * 2
 
 
+@pytest.mark.parametrize(("bs", "width"), [(1, 2), (3, 8), (2, 16)])
+def test_chain_tree_is_the_tree_the_kernels_build_from_the_chain(bs: int, width: int) -> None:
+    """shadow_linear's chain from cached links is, field for field, what the kernels' build
+    gives DFlash's chain at top-k 1 and budget B - 1 (what chain_tree called before issue 22)."""
+    g = torch.Generator().manual_seed(bs * width)
+    draft = torch.randint(0, 50, (bs, width), generator=g)
+    prefix = torch.randint(0, 30, (bs,), generator=g)
+    for _ in range(2):  # the second call reuses the links
+        tree = S.chain_tree(draft, prefix)
+        chain = draft[:, 1:].unsqueeze(-1)
+        ref = ops.build_tree(torch.zeros(chain.shape), chain, draft[:, 0], prefix, width - 1)
+        assert all(_same(getattr(tree, f), getattr(ref, f)) for f in ref._fields), ref._fields
+        draft, prefix = draft.flip(0), prefix + 7
+
+
+def test_chain_tree_links_are_shared_but_tokens_and_positions_are_each_steps() -> None:
+    first = S.chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
+    second = S.chain_tree(torch.tensor([[4, 5, 6, 7]]), torch.tensor([6]))
+    assert second.parents is first.parents
+    assert second.ancestor_mask is first.ancestor_mask
+    assert first.tokens.tolist() == [[9, 1, 2, 3]]
+    assert first.positions.tolist() == [[5, 6, 7, 8]]
+    assert second.positions.tolist() == [[6, 7, 8, 9]]
+
+
 def test_verify_input_fields_carry_the_mask_only_in_tree_mode() -> None:
     tree = S.chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
     fields = S.verify_input_fields(tree, tree_mask=True)
@@ -597,6 +622,13 @@ def test_path_rows_put_each_path_first_then_the_other_nodes() -> None:
     assert rows.tolist() == [0, 3, 5, 1, 2, 4, 6, 7, 8, 9, 10, 11]
     tokens = torch.arange(12) * 10
     assert tokens[rows].view(2, 6)[0, :3].tolist() == [0, 30, 50]
+    again = S.path_rows(torch.tensor([[0, 1, 4, -1, -1, -1], [0, 2, -1, -1, -1, -1]]), 6)
+    assert again.tolist() == [0, 1, 4, 2, 3, 5, 6, 8, 7, 9, 10, 11]  # shared keys untouched
+
+
+def test_path_rows_of_a_full_path_and_of_a_path_as_wide_as_the_window() -> None:
+    assert S.path_rows(torch.tensor([[0, 2, 1, 3]]), 4).tolist() == [0, 2, 1, 3]
+    assert S.path_rows(torch.tensor([[0, 2], [0, -1]]), 3).tolist() == [0, 2, 1, 3, 4, 5]
 
 
 # ------------------------------------------------------------------ server arguments
@@ -880,6 +912,7 @@ class _SyncRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[str] = []
+        self.kernels: list[str] = []  # the kernels' ops called, in order
         self.paused = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
@@ -900,7 +933,11 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> _SyncRecorder:
     for name in ("build_tree", "verify_walk", "commit_indices", "topk_logprobs", "sample_tokens"):
         op = getattr(ops, name)
 
-        def paused(*a: object, _op: Callable[..., object] = op, **kw: object) -> object:
+        def paused(
+            *a: object, _op: Callable[..., object] = op, _name: str = name, **kw: object
+        ) -> object:
+            if not rec.paused:
+                rec.kernels.append(_name)
             rec.paused += 1
             try:
                 return _op(*a, **kw)
@@ -963,3 +1000,45 @@ def test_the_sync_recorder_sees_a_read_back(recorder: _SyncRecorder) -> None:
     with recorder:
         S.host_prefix_sum(torch.tensor([4, 9]))
     assert recorder.syncs == ["aten::_local_scalar_dense"]
+
+
+# Ops that only make a view: no launch, no allocation on the device.
+_VIEW_OPS = {"aten::view", "aten::unsqueeze", "aten::reshape", "aten::slice", "aten::expand",
+             "aten::select", "aten::alias", "aten::_reshape_alias", "aten::t",
+             "aten::permute"}  # fmt: skip
+
+# The host's launches around the kernels in a greedy shadow_linear step at batch 2 and width 8
+# (the chain, its verify input, accept, commit): each is a launch or an allocation on the GPU,
+# 5-10 us of the host, and a batch-1 step of an 8B target is host-bound (RESULTS.md, run 15).
+# Issue 22 measured 7 besides the walk; before it the kernels' build of the chain added another
+# kernel call with its eleven allocations.
+SHADOW_STEP_HOST_OPS = 7
+
+
+def test_a_shadow_linear_step_launches_only_the_walk_and_few_ops(recorder: _SyncRecorder) -> None:
+    """Issue 22: shadow_linear (DFLASH's chain through the DDTree step) builds no tree on the
+    device: the chain's links are cached, so the walk is its only DDTree kernel, and its host
+    work stays within SHADOW_STEP_HOST_OPS ops, so its step costs about what DFLASH's does."""
+    bs, block = 2, 8
+    verifier = _verifier("shadow_linear", block - 1, block, block)
+    prefix = torch.tensor([4, 9])
+    draft_tokens = torch.randint(0, 40, (bs, block), generator=torch.Generator().manual_seed(5))
+    logits = torch.randn(bs * block, 40, generator=torch.Generator().manual_seed(6))
+    block_cache_loc = torch.arange(bs * block).view(bs, block)
+    req_to_token = torch.arange(2 * 64).view(2, 64)
+    req_pool_indices = torch.tensor([1, 0])
+    for _ in range(2):  # the first step builds the cached links, the second is measured
+        recorder.ops.clear()
+        recorder.kernels.clear()
+        with recorder:
+            step = verifier.step(
+                tree=None, draft_tokens=draft_tokens, prefix_lens=prefix,
+                block_cache_loc=block_cache_loc, req_to_token=req_to_token,
+                req_pool_indices=req_pool_indices,
+            )  # fmt: skip
+            step.verify_input(SimpleNamespace)
+            step.accept(logits)
+            step.commit(lambda tgt, src: None, None)
+    assert recorder.kernels == ["verify_walk"]
+    launches = [op for op in recorder.ops if op.split(".")[0] not in _VIEW_OPS]
+    assert len(launches) <= SHADOW_STEP_HOST_OPS, launches

@@ -44,7 +44,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import math
 import os
 import secrets
 import shutil
@@ -61,6 +60,7 @@ from typing import Any
 
 import httpx
 import yaml
+from speed import timed_pass
 from tables import render_table, summarize
 from timeline import read_trace, summarize_trace
 
@@ -71,7 +71,6 @@ LONG_ANSWER = 160  # new tokens every prompt answers (the matrix asks for at lea
 OVERHEAD_CONCURRENCY = (1, 8, 32)
 LAB_KEY_VAR = "DDTREE_LAB_API_KEY"  # --api-key: where the tool reads the key (service.api_key_env)
 OVERHEAD_PASS_S = 6.0  # generation per measured pass after round 0 (run 2: 1 s spread 20-30%)
-OVERHEAD_MAX_REPEATS = 64
 START_TIMEOUT_S = 420
 STOP_GRACE_S = 15
 PROFILE_STEPS = 40  # decode steps a profiled server records (--profile)
@@ -174,7 +173,10 @@ class Lab:
         self.logs = root / "logs"
         self.env = {**os.environ, "DDTREE_LAB_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
         self.long_answers: list[str] = []  # answer_every_prompt() fills it, once installed
-        self.prompts = 0  # how many prompts the validation set holds (answer_every_prompt)
+        # The validation set's prompts as the lab asks them (answer_every_prompt): text and
+        # max_new_tokens, what the timed passes send.
+        self.prompt_set: list[dict[str, Any]] = []
+        self.prompts = 0  # how many prompts it holds
         self.toy = False  # the trained pair at train.py's toy sizes (a quick serving check)
         self.api_key: str | None = None  # --api-key: every server requires it
         # The trained pair's own prompt set (held-out text): a config option under this folder.
@@ -269,11 +271,13 @@ class Lab:
         """LONG_ANSWER new tokens for every prompt of the validation set the lab composes; the
         trained pair's prompts keep their own lengths (within what it was trained on)."""
         python = str(self.venv / "bin" / "python")
-        self.prompts = prompt_count(python, self._argv([])[1:])
+        self.prompt_set = validation_prompts(python, self._argv([])[1:])
+        self.prompts = len(self.prompt_set)
         if self.size_name != "trained":
             self.long_answers = [
                 f"validation.prompts.{i}.max_new_tokens={LONG_ANSWER}" for i in range(self.prompts)
             ]
+            self.prompt_set = [{**p, "max_new_tokens": LONG_ANSWER} for p in self.prompt_set]
 
     # -- the product ---------------------------------------------------------------------------
 
@@ -477,13 +481,14 @@ def planted_environment(env: dict[str, str], bug: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(path), "DDTREE_LAB_PLANTED_BUG": bug}
 
 
-def prompt_count(python: str, overrides: Sequence[str]) -> int:
-    """How many prompts the validation set `overrides` compose holds (the product's own
-    composition, in the venv of `python`)."""
-    code = ("import sys; from ddtree_deploy.config import compose_config; "
-            "print(len(compose_config(sys.argv[1:]).validation.prompts))")  # fmt: skip
+def validation_prompts(python: str, overrides: Sequence[str]) -> list[dict[str, Any]]:
+    """The prompts of the validation set `overrides` compose, each its `text` and
+    `max_new_tokens` (the product's own composition, in the venv of `python`)."""
+    code = ("import sys, json; from ddtree_deploy.config import compose_config; "
+            "print(json.dumps([{'text': p.text, 'max_new_tokens': p.max_new_tokens} "
+            "for p in compose_config(sys.argv[1:]).validation.prompts]))")  # fmt: skip
     # -P: not the checkout's ddtree_deploy/ (the cwd), whose conf/ is mapped only when installed.
-    return int(_run([python, "-P", "-c", code, *overrides]))
+    return json.loads(_run([python, "-P", "-c", code, *overrides]))
 
 
 def trained_validation(prompts: list[dict[str, Any]]) -> str:
@@ -644,19 +649,6 @@ def overhead_cells(budgets: Sequence[str]) -> dict[str, list[str]]:
     return cells
 
 
-def pass_repeats(level: int, prompts: int, warm: dict[str, Any] | None) -> int:
-    """Passes over the prompt set in one measured pass at `level` in flight: round 0 takes the
-    fewest that keep `level` requests in flight; later rounds as many as make OVERHEAD_PASS_S of
-    generation at the speed DFLASH's round-0 pass (`warm`) showed (run 12's passes at 32 in
-    flight lasted 0.65 to 2 s on the trained pair: too short to compare)."""
-    least = in_flight_repeats(level, prompts)
-    if not warm or not warm.get("tokens") or not warm.get("tokens_per_s"):
-        return least
-    per_repeat = warm["tokens"] / warm["repeats"]
-    wanted = math.ceil(OVERHEAD_PASS_S * warm["tokens_per_s"] / per_repeat)
-    return max(least, min(OVERHEAD_MAX_REPEATS, wanted))
-
-
 def run_overhead(
     lab: Lab,
     rounds: int,
@@ -668,13 +660,16 @@ def run_overhead(
     timelines: dict[str, Any] | None = None,
 ) -> None:
     """DDTree's cost and speed against DFLASH: DFLASH, shadow_linear and a tree per budget,
-    served at once on the attention target, their validate passes interleaved at each
-    concurrency of `levels` (default OVERHEAD_CONCURRENCY; the order rotates per round, so
-    drift of the machine falls on all alike, and each pass at a level does the same work)."""
+    served at once on the attention target, their passes interleaved at each concurrency of
+    `levels` (default OVERHEAD_CONCURRENCY). Round 0 is the product's `action=validate` on each,
+    DFLASH first (the gates, and the baseline the others are held to); later rounds are timed
+    passes of OVERHEAD_PASS_S straight over HTTP (speed.py), the order rotating per round, so
+    drift of the machine falls on all alike, and each pass at a level does the same work."""
     shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
     cells = {name: [*shared, *algo, f"service.port={30000 + i}"]
              for i, (name, algo) in enumerate(overhead_cells(budgets).items())}  # fmt: skip
     servers = {name: lab.start(f"overhead-{name}", o) for name, o in cells.items()}
+    headers = {"Authorization": f"Bearer {lab.api_key}"} if lab.api_key else {}
     try:
         for name, server in servers.items():
             start_s, error = lab.wait(server)
@@ -683,24 +678,24 @@ def run_overhead(
                 return
             check = key_exposure(server, lab.api_key) if lab.api_key else None
             passes.append({"algo": name, "start_s": start_s, "key_check": check})
-        warm: dict[int, dict[str, Any]] = {}
         order = list(cells)
         for rnd in range(rounds):
             for level in dict.fromkeys(levels or OVERHEAD_CONCURRENCY):
-                repeats = pass_repeats(level, lab.prompts, warm.get(level))
-                more = validation_overrides(level, repeats)
-                # Round 0 sizes the passes; round 1 is the first at the new sizes, and the
-                # trees' gates need DFLASH's stored baseline at those, so it goes DFLASH first
-                # (run 13's rotated round 1 found none). Later rounds rotate from there.
+                repeats = in_flight_repeats(level, lab.prompts)
                 shift = max(rnd - 1, 0) % len(order)
                 for name in order[shift:] + order[:shift]:
-                    step = lab.tool(f"overhead-r{rnd}-c{level}-{name}", *cells[name], *more,
-                                    "action=validate")  # fmt: skip
-                    run = summarize(step.report(lab.runs), step.exit_code)
+                    if rnd == 0:
+                        step = lab.tool(f"overhead-r0-c{level}-{name}", *cells[name],
+                                        *validation_overrides(level, repeats), "action=validate")  # fmt: skip
+                        run = summarize(step.report(lab.runs), step.exit_code)
+                    else:
+                        url = f"http://127.0.0.1:{servers[name].port}"
+                        run = {"gates": {}, **timed_pass(
+                            url, lab.prompt_set, level=level, seconds=OVERHEAD_PASS_S,
+                            headers=headers)}  # fmt: skip
+                        repeats = run["requests"]
                     passes.append({"algo": name, "round": rnd, "concurrency": level,
                                    "repeats": repeats, **run})  # fmt: skip
-                    if rnd == 0 and name == "dflash":
-                        warm[level] = {"repeats": repeats, **run}
             save()
         if timelines is not None:
             timelines.update(profile_servers(lab, servers))

@@ -3,7 +3,6 @@ the prompts' lengths and the configs of each model size."""
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import subprocess
@@ -28,9 +27,9 @@ from run import (
     pass_labels,
     plan_cells,
     planted_environment,
-    prompt_count,
     run_cells,
     trained_validation,
+    validation_prompts,
 )
 from validate.conftest import free_port
 
@@ -94,7 +93,9 @@ def test_the_trained_pairs_prompts_become_its_validation_option_at_their_own_len
     lab.venv = Path(sys.executable).parent.parent
     lab.answer_every_prompt()
     cfg = compose_config(lab._argv(["model=lab_attention_trained"])[1:])
-    assert lab.prompts == prompt_count(sys.executable, lab._argv([])[1:]) == 3
+    assert lab.prompts == 3
+    assert lab.prompt_set == validation_prompts(sys.executable, lab._argv([])[1:])
+    assert lab.prompt_set == [{k: p[k] for k in ("text", "max_new_tokens")} for p in held_out]
     assert lab.long_answers == []  # the trained pair answers within what it was trained on
     assert [(p.name, p.text, p.max_new_tokens) for p in cfg.validation.prompts] == [
         (p["name"], p["text"], p["max_new_tokens"]) for p in held_out
@@ -146,7 +147,8 @@ class _Lab(Lab):
         self.environments[label] = environment
         log = self.logs / f"server-{label}.log"
         log.write_text(f"{PLANT_MARKER} {PLANTED_BUG} installed\n" if environment else "up\n")
-        return Server(label, None, 0, log, time.monotonic())  # type: ignore[arg-type]
+        port = next((int(o.split("=")[1]) for o in overrides if o.startswith("service.port=")), 0)
+        return Server(label, None, port, log, time.monotonic())  # type: ignore[arg-type]
 
     def wait(self, server: Server) -> tuple[float | None, str | None]:
         return 1.0, None
@@ -292,17 +294,6 @@ def test_an_api_key_lab_deploys_every_server_with_the_key_the_tool_reads(tmp_pat
     assert compose_config(overrides).service.api_key_env == run.LAB_KEY_VAR
 
 
-def test_passes_after_round_0_last_the_pass_time_at_dflash_s_round_0_speed() -> None:
-    assert run.pass_repeats(32, 16, None) == 2  # round 0: 32 requests in flight at least
-    assert run.pass_repeats(1, 16, None) == 1
-    warm = {"repeats": 2, "tokens": 16384, "tokens_per_s": 8000.0}  # 8192 tokens a repeat
-    assert run.pass_repeats(32, 16, warm) == math.ceil(run.OVERHEAD_PASS_S * 8000 / 8192)
-    slow = {"repeats": 1, "tokens": 4096, "tokens_per_s": 100.0}
-    assert run.pass_repeats(32, 16, slow) == 2  # never fewer than keep 32 in flight
-    fast = {"repeats": 1, "tokens": 10, "tokens_per_s": 1e6}
-    assert run.pass_repeats(1, 16, fast) == run.OVERHEAD_MAX_REPEATS
-
-
 def test_the_interleaved_comparison_serves_dflash_first_then_shadow_then_each_budget() -> None:
     cells = run.overhead_cells(["15", "63"])
     assert list(cells) == ["dflash", "ddtree_shadow", "ddtree-15", "ddtree-63"]
@@ -310,36 +301,40 @@ def test_the_interleaved_comparison_serves_dflash_first_then_shadow_then_each_bu
     assert compose_config(cells["ddtree-63"]).algo.budget == 63
 
 
-def test_the_interleaved_comparison_rotates_its_order_and_sizes_later_passes(
+def test_the_interleaved_comparison_validates_round_0_then_times_rotated_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Round 0 goes DFLASH first at the fewest passes; every later round rotates the order and
-    runs as many passes as DFLASH's round 0 says make OVERHEAD_PASS_S of generation."""
-    figures = {"gates": {}, "tokens": 4096, "tokens_per_s": 4096.0}
-    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, **figures})
+    """Round 0 is the product's validate on each server, DFLASH first, at the fewest passes that
+    keep the level in flight; every later round times each server over HTTP, the order rotating
+    per round, with the lab's prompts and OVERHEAD_PASS_S."""
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
+    timed: list[tuple[str, int]] = []
+
+    def timed_pass(url: str, prompts: list[dict[str, object]], **kw: object) -> dict[str, object]:
+        assert prompts == lab.prompt_set and kw["seconds"] == run.OVERHEAD_PASS_S
+        timed.append((url, kw["level"]))  # type: ignore[arg-type]
+        return {"requests": 5, "tokens": 800, "tokens_per_s": 100.0}
+
+    monkeypatch.setattr(run, "timed_pass", timed_pass)
     lab = _Lab(tmp_path, size="trained")
+    lab.prompt_set = [{"text": "t", "max_new_tokens": 9}] * 16
     lab.prompts = 16
     passes: list[dict[str, object]] = []
     run.run_overhead(lab, 3, [], ["15"], passes, lambda: None)
     names = [name for name, _ in lab.calls]
-    per_round = len(run.OVERHEAD_CONCURRENCY) * 3
-    first = ["overhead-r0-c1-dflash", "overhead-r0-c1-ddtree_shadow", "overhead-r0-c1-ddtree-15"]
-    assert names[:3] == first
-    # Round 1 is the first at the new pass sizes: DFLASH first, so the trees find its baseline.
-    assert names[per_round : per_round + 3] == [n.replace("r0", "r1") for n in first]
-    assert names[2 * per_round : 2 * per_round + 3] == ["overhead-r2-c1-ddtree_shadow",
-                                                        "overhead-r2-c1-ddtree-15",
-                                                        "overhead-r2-c1-dflash"]  # fmt: skip
-    assert [p["algo"] for p in passes if p.get("exit")] == []
+    assert names[:3] == ["overhead-r0-c1-dflash", "overhead-r0-c1-ddtree_shadow",
+                         "overhead-r0-c1-ddtree-15"]  # fmt: skip
+    assert len(names) == len(run.OVERHEAD_CONCURRENCY) * 3  # only round 0 runs the product
     repeats = {name: [o for o in overrides if o.startswith("validation.repeats=")]
                for name, overrides in lab.calls}  # fmt: skip
     assert repeats["overhead-r0-c32-ddtree-15"] == ["validation.repeats=2"]
-    # Every pass reports 4096 tokens at 4096 tok/s: one second at batch 1 over one prompt-set
-    # pass, so OVERHEAD_PASS_S passes; at 32 in flight round 0 made two, so twice as many.
-    passes_s = math.ceil(run.OVERHEAD_PASS_S)
-    assert repeats["overhead-r1-c1-ddtree-15"] == [f"validation.repeats={passes_s}"]
-    assert repeats["overhead-r1-c32-dflash"] == [f"validation.repeats={2 * passes_s}"]
-    assert [p["algo"] for p in passes[:3]] == ["dflash", "ddtree_shadow", "ddtree-15"]
+    assert [p["algo"] for p in passes if p.get("exit")] == []
+    later = [(p["round"], p["concurrency"], p["algo"]) for p in passes if p.get("round", 0) > 0]
+    assert later[:3] == [(1, 1, "dflash"), (1, 1, "ddtree_shadow"), (1, 1, "ddtree-15")]
+    assert later[9:12] == [(2, 1, "ddtree_shadow"), (2, 1, "ddtree-15"), (2, 1, "dflash")]
+    assert all(p["repeats"] == 5 and p["gates"] == {} for p in passes if p.get("round", 0) > 0)
+    port = {"dflash": 30000, "ddtree_shadow": 30001, "ddtree-15": 30002}  # each server's own
+    assert timed == [(f"http://127.0.0.1:{port[name]}", level) for _, level, name in later]
 
 
 def test_the_interleaved_comparison_runs_only_the_levels_asked_for(
