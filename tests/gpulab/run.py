@@ -29,8 +29,9 @@ real server).
 
 `--overhead N`: DFLASH, shadow_linear and a tree per `--budgets` entry served side by side on
 the attention target, their passes interleaved over N rounds at 1, 8 and 32 requests in flight
-(the order rotating per round; after round 0 each pass lasts about OVERHEAD_PASS_S):
-shadow_linear's cost and each tree's speed over DFLASH, as medians of paired rounds.
+(round 0 the product's validate, later rounds timed over HTTP with the same requests for every
+server, about OVERHEAD_PASS_S each, the order rotating per round): shadow_linear's cost and
+each tree's speed over DFLASH, as medians of paired rounds.
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
 (tune_lab.py judges and tables it with the product's code).
 
@@ -48,6 +49,7 @@ import os
 import secrets
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -60,7 +62,7 @@ from typing import Any
 
 import httpx
 import yaml
-from speed import timed_pass
+from speed import pass_requests, timed_pass
 from tables import render_table, summarize
 from timeline import read_trace, summarize_trace
 
@@ -663,8 +665,9 @@ def run_overhead(
     served at once on the attention target, their passes interleaved at each concurrency of
     `levels` (default OVERHEAD_CONCURRENCY). Round 0 is the product's `action=validate` on each,
     DFLASH first (the gates, and the baseline the others are held to); later rounds are timed
-    passes of OVERHEAD_PASS_S straight over HTTP (speed.py), the order rotating per round, so
-    drift of the machine falls on all alike, and each pass at a level does the same work."""
+    passes straight over HTTP (speed.py), as many requests as DFLASH's round 0 answered in about
+    OVERHEAD_PASS_S, the same for every server, the order rotating per round, so drift of the
+    machine falls on all alike."""
     shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
     cells = {name: [*shared, *algo, f"service.port={30000 + i}"]
              for i, (name, algo) in enumerate(overhead_cells(budgets).items())}  # fmt: skip
@@ -679,23 +682,27 @@ def run_overhead(
             check = key_exposure(server, lab.api_key) if lab.api_key else None
             passes.append({"algo": name, "start_s": start_s, "key_check": check})
         order = list(cells)
+        warm: dict[int, dict[str, Any]] = {}  # DFLASH's round-0 run per level: sizes the rest
         for rnd in range(rounds):
             for level in dict.fromkeys(levels or OVERHEAD_CONCURRENCY):
                 repeats = in_flight_repeats(level, lab.prompts)
+                if rnd > 0:
+                    answer_tokens = statistics.mean(p["max_new_tokens"] for p in lab.prompt_set)
+                    requests = pass_requests(level, OVERHEAD_PASS_S, warm[level], answer_tokens)
                 shift = max(rnd - 1, 0) % len(order)
                 for name in order[shift:] + order[:shift]:
                     if rnd == 0:
                         step = lab.tool(f"overhead-r0-c{level}-{name}", *cells[name],
                                         *validation_overrides(level, repeats), "action=validate")  # fmt: skip
                         run = summarize(step.report(lab.runs), step.exit_code)
+                        if name == "dflash":
+                            warm[level] = run
                     else:
                         url = f"http://127.0.0.1:{servers[name].port}"
-                        run = {"gates": {}, **timed_pass(
-                            url, lab.prompt_set, level=level, seconds=OVERHEAD_PASS_S,
-                            headers=headers)}  # fmt: skip
-                        repeats = run["requests"]
+                        run = {"gates": {}, **timed_pass(url, lab.prompt_set, level=level,
+                                                         requests=requests, headers=headers)}  # fmt: skip
                     passes.append({"algo": name, "round": rnd, "concurrency": level,
-                                   "repeats": repeats, **run})  # fmt: skip
+                                   "repeats": run.get("requests", repeats), **run})  # fmt: skip
             save()
         if timelines is not None:
             timelines.update(profile_servers(lab, servers))

@@ -3,14 +3,14 @@
 Round 0 of `run.py --overhead` goes through the product (`action=validate`: the gates, DFLASH's
 stored baseline). Later rounds only measure speed, and a validate run spends about 8 s of
 start-up and gate checks around each measured pass (run 16: 20 s a pass, so three rounds of three
-servers at three levels did not fit a 600 s call). Here a pass is just requests: `level` at a
-time, greedy, each answering its prompt's `max_new_tokens` in full, new ones started until `seconds` have
-passed, so the servers compared see the same work, one after another.
+servers at three levels did not fit a 600 s call). Here a pass is just requests: a fixed list of
+them (the prompts in turn, each answered greedily to its `max_new_tokens`), `level` at a time, so
+every server compared does the same work (run 16's passes timed by the clock gave one server four
+requests and the next five, other prompts at other acceptance: 5-17% apart round to round).
 """
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import threading
 import time
@@ -23,28 +23,41 @@ import httpx
 REQUEST_TIMEOUT_S = 120.0
 
 
+def pass_requests(level: int, seconds: float, warm: dict[str, Any], answer_tokens: float) -> int:
+    """Requests per timed pass at `level` in flight: about `seconds` of answers at the speed of
+    DFLASH's round-0 pass (`warm`: its tokens_per_s), `answer_tokens` each, in whole waves of
+    `level` (at least one), so no pass ends on a few stragglers; one wave where DFLASH's pass
+    measured nothing (its failure is in the table)."""
+    if not warm.get("tokens_per_s"):
+        return level
+    per_wave = level * answer_tokens / float(warm["tokens_per_s"])
+    return level * max(1, round(seconds / per_wave))
+
+
 def timed_pass(
     url: str,
     prompts: Sequence[dict[str, Any]],
     *,
     level: int,
-    seconds: float,
+    requests: int,
     headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Keep `level` requests in flight over `prompts` (in turn; each its `text` and
-    `max_new_tokens`) until `seconds` have passed, then wait for the last ones: tokens, wall seconds, tokens/s, the server's tokens per verify step
-    (`spec_verify_ct`, SGLang's own count) and the mean ms per verify step of the requests."""
+    """Answer `requests` requests over `prompts` in turn from the first (each its `text` and
+    `max_new_tokens`), `level` in flight: tokens, wall seconds, tokens/s, the server's tokens per
+    verify step (`spec_verify_ct`, SGLang's own count) and the mean ms per verify step."""
     if not prompts:
         raise ValueError("a timed pass needs at least one prompt")
-    order = itertools.cycle(prompts)
+    queue = iter([prompts[i % len(prompts)] for i in range(requests)])
     lock = threading.Lock()
     done: list[tuple[int, int, float]] = []  # (tokens, verify steps, seconds) per request
 
-    def worker(deadline: float) -> None:
+    def worker(_: int) -> None:
         with httpx.Client(base_url=url, headers=headers or {}, timeout=REQUEST_TIMEOUT_S) as client:
-            while time.monotonic() < deadline:
+            while True:
                 with lock:
-                    prompt = next(order)
+                    prompt = next(queue, None)
+                if prompt is None:
+                    return
                 params = {"temperature": 0, "max_new_tokens": prompt["max_new_tokens"],
                           "ignore_eos": True}  # fmt: skip
                 began = time.monotonic()
@@ -59,7 +72,7 @@ def timed_pass(
 
     start = time.monotonic()
     with ThreadPoolExecutor(level) as pool:
-        list(pool.map(worker, [start + seconds] * level))
+        list(pool.map(worker, range(level)))
     wall = time.monotonic() - start
     tokens = sum(t for t, _, _ in done)
     verify_steps = sum(v for _, v, _ in done)

@@ -306,14 +306,18 @@ def test_the_interleaved_comparison_validates_round_0_then_times_rotated_passes(
 ) -> None:
     """Round 0 is the product's validate on each server, DFLASH first, at the fewest passes that
     keep the level in flight; every later round times each server over HTTP, the order rotating
-    per round, with the lab's prompts and OVERHEAD_PASS_S."""
-    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
+    per round, with the lab's prompts, every server the same requests: as many as DFLASH's round
+    0 answered in about OVERHEAD_PASS_S."""
+    figures = {"gates": {}, "tokens_per_s": 100.0}
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, **figures})
     timed: list[tuple[str, int]] = []
+    sizes: dict[int, set[int]] = {}
 
-    def timed_pass(url: str, prompts: list[dict[str, object]], **kw: object) -> dict[str, object]:
-        assert prompts == lab.prompt_set and kw["seconds"] == run.OVERHEAD_PASS_S
-        timed.append((url, kw["level"]))  # type: ignore[arg-type]
-        return {"requests": 5, "tokens": 800, "tokens_per_s": 100.0}
+    def timed_pass(url: str, prompts: list[dict[str, object]], **kw: int) -> dict[str, object]:
+        assert prompts == lab.prompt_set
+        timed.append((url, kw["level"]))
+        sizes.setdefault(kw["level"], set()).add(kw["requests"])
+        return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 100.0}
 
     monkeypatch.setattr(run, "timed_pass", timed_pass)
     lab = _Lab(tmp_path, size="trained")
@@ -332,7 +336,10 @@ def test_the_interleaved_comparison_validates_round_0_then_times_rotated_passes(
     later = [(p["round"], p["concurrency"], p["algo"]) for p in passes if p.get("round", 0) > 0]
     assert later[:3] == [(1, 1, "dflash"), (1, 1, "ddtree_shadow"), (1, 1, "ddtree-15")]
     assert later[9:12] == [(2, 1, "ddtree_shadow"), (2, 1, "ddtree-15"), (2, 1, "dflash")]
-    assert all(p["repeats"] == 5 and p["gates"] == {} for p in passes if p.get("round", 0) > 0)
+    assert all(p["gates"] == {} for p in passes if p.get("round", 0) > 0)
+    # 9 tokens an answer at DFLASH's 100 tok/s: 6 s is 67 answers at batch 1; at 8 and 32 in
+    # flight whole waves of 8 and 32 (0.72 s and 2.88 s each), 8 and 2 of them.
+    assert sizes == {1: {67}, 8: {64}, 32: {64}}
     port = {"dflash": 30000, "ddtree_shadow": 30001, "ddtree-15": 30002}  # each server's own
     assert timed == [(f"http://127.0.0.1:{port[name]}", level) for _, level, name in later]
 

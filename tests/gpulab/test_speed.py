@@ -15,7 +15,7 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from gpulab.speed import timed_pass
+from gpulab.speed import pass_requests, timed_pass
 
 ANSWER_S = 0.05
 
@@ -68,31 +68,37 @@ def server() -> Iterator[str]:
 PROMPTS = [{"text": "a", "max_new_tokens": 40}, {"text": "b", "max_new_tokens": 80}]
 
 
-def test_a_pass_keeps_the_level_in_flight_until_its_time_and_counts_the_servers_steps(
+def test_a_pass_answers_its_requests_level_at_a_time_and_counts_the_servers_steps(
     server: str,
 ) -> None:
-    began = time.monotonic()
-    got = timed_pass(server, PROMPTS, level=3, seconds=0.3, headers={"Authorization": "Bearer k"})
-    took = time.monotonic() - began
+    got = timed_pass(server, PROMPTS, level=3, requests=7, headers={"Authorization": "Bearer k"})
     assert _Generate.most_in_flight == 3
-    assert 0.3 <= took < 0.3 + 4 * ANSWER_S + 1.0  # no request starts after the deadline
     texts = [b["text"] for b in _Generate.bodies]
-    assert got["requests"] == len(texts) >= 3 * int(0.3 / ANSWER_S) - 3
-    assert set(texts) == {"a", "b"}  # the prompts in turn
-    tokens = sum(40 if t == "a" else 80 for t in texts)
-    assert got["tokens"] == tokens
+    assert sorted(texts) == sorted(["a", "b", "a", "b", "a", "b", "a"])  # the prompts in turn
+    assert got["requests"] == 7
+    assert got["tokens"] == 4 * 40 + 3 * 80
     assert got["accept_length"] == 4.0  # tokens over the server's verify steps
-    assert got["tokens_per_s"] == pytest.approx(tokens / got["wall_s"], rel=0.01)
+    assert got["tokens_per_s"] == pytest.approx(got["tokens"] / got["wall_s"], rel=0.01)
+    assert got["wall_s"] >= 3 * ANSWER_S  # three waves
     assert got["step_ms"] >= 1000 * ANSWER_S / 20  # an answer's time over its steps
     params = _Generate.bodies[0]["sampling_params"]
-    assert params["temperature"] == 0 and params["ignore_eos"] is True
+    assert params["temperature"] == 0
+    assert params["ignore_eos"] is True
+
+
+def test_passes_last_about_the_time_asked_at_dflash_s_speed_in_whole_waves() -> None:
+    warm = {"tokens_per_s": 100.0}
+    assert pass_requests(1, 6.0, warm, 160) == 4  # 1.6 s an answer
+    assert pass_requests(8, 6.0, warm, 160) == 8  # a wave is 12.8 s: never less than one
+    assert pass_requests(8, 6.0, {"tokens_per_s": 1000.0}, 160) == 40  # five 1.28 s waves
+    assert pass_requests(8, 6.0, {"tokens_per_s": None}, 160) == 8
 
 
 def test_a_refused_request_fails_the_pass(server: str) -> None:
     with pytest.raises(httpx.HTTPStatusError):
-        timed_pass(server, PROMPTS, level=1, seconds=0.1)
+        timed_pass(server, PROMPTS, level=1, requests=1)
 
 
 def test_a_pass_needs_prompts(server: str) -> None:
     with pytest.raises(ValueError, match="at least one prompt"):
-        timed_pass(server, [], level=1, seconds=0.1)
+        timed_pass(server, [], level=1, requests=1)
