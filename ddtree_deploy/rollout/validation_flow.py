@@ -39,6 +39,7 @@ from ddtree_deploy.validate.gates import (
     Outcome,
     decide,
     deciding_gate,
+    first_divergence,
     judge_shadow,
     judge_tree,
 )
@@ -428,8 +429,19 @@ def shadow_judge(baseline: Measurement) -> Judge:
     def judge(probe: ServiceProbe, ctx: GateContext) -> tuple[list[GateResult], Measurement]:
         val = ctx.cfg.validation
         shadow = _measure(probe, "DDTREE shadow_linear", "shadow_linear")
+        scoring = ties = None
+        if val.concurrency > 1 and first_divergence(baseline, shadow) is not None:
+            # Batched, bf16 rounding follows the batch's make-up: judge by the tie rule.
+            with probe.client() as client:
+                scoring = score_answers(client, val.prompts, shadow, baseline)
+            ties = TieRule(val.tie_tolerance, val.tie_noise_factor, val.max_tie_tolerance)
         result = judge_shadow(
-            baseline, shadow, tolerance=val.acceptance_tolerance, collapse_ratio=val.collapse_ratio
+            baseline,
+            shadow,
+            tolerance=val.acceptance_tolerance,
+            collapse_ratio=val.collapse_ratio,
+            scoring=scoring,
+            ties=ties,
         )
         return [result], shadow
 

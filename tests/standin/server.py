@@ -20,6 +20,8 @@ baseline and every rollback stay healthy:
 - `STANDIN_FAULT=tree_divergence`: tree mode emits a wrong token at output position 5;
 - `STANDIN_FAULT=tree_near_tie_flip`: tree verify picks the target's runner-up wherever its top
   two are nearly tied (`standin.model.near_tie`): a bf16 flip, lossless within the tie rule;
+- `STANDIN_FAULT=near_tie_flip`: the same in any mode, shadow_linear's chain too (what a batch's
+  make-up does to bf16 rounding on a real server with several requests in flight);
 - `STANDIN_FAULT=wrong_child`: the tree walk also accepts a child the target did not pick
   (`standin.planted_bug`, the bug the GPU lab plants in a real server);
 - `STANDIN_FAULT=tree_slow`: a tree node costs 4 x a chain token to verify (tree slower than
@@ -62,6 +64,7 @@ FAULTS = (
     "acceptance_collapse",
     "tree_divergence",
     "tree_near_tie_flip",
+    "near_tie_flip",
     "wrong_child",
     "tree_slow",
 )
@@ -125,7 +128,8 @@ class Service:
             tree_cost=4.0 if self.fault == "tree_slow" else knobs.tree_cost,
             collapsed=self.fault == "acceptance_collapse",
             diverge_at=5 if self.fault == "tree_divergence" and tree else None,
-            flip_near_ties=self.fault == "tree_near_tie_flip" and tree,
+            flip_near_ties=(self.fault == "tree_near_tie_flip" and tree)
+            or self.fault == "near_tie_flip",
             wrong_child=self.fault == "wrong_child" and tree,
         )
         # One "GPU": requests in flight share every verify pass (a batch), so each pass costs

@@ -253,6 +253,48 @@ def test_a_divergence_survives_the_report_round_trip() -> None:
     assert GateResult.from_dict(result.to_dict()) == result
 
 
+def batched_shadow_verdict(shadow: Measurement, candidate: tuple[ScoredOutput, ...]) -> GateResult:
+    return judge_shadow(
+        BASE,
+        shadow,
+        tolerance=0.02,
+        collapse_ratio=0.6,
+        scoring=Scoring(candidate, SCORED_BASE),
+        ties=TieRule(0.5, 2.0, 2.0),
+    )
+
+
+def test_a_batched_shadow_that_flips_a_near_tie_passes_by_the_tie_rule() -> None:
+    """Several requests in flight: the batch's make-up changes bf16 rounding run to run, so the
+    caller hands the scores in, and a flip within the tie rule passes, saying so."""
+    shadow = run("shadow", {"chat": CHAT, "code": FLIPPED}, 5, 1.0)
+    candidate = scores_for({"chat": CHAT, "code": FLIPPED}, {("code", 7): (CODE[7], 0.05)})
+    result = batched_shadow_verdict(shadow, candidate)
+    assert result.outcome is Outcome.passed, result.sentence
+    assert "with a batch's bf16 noise" in result.sentence
+    assert "only at near-ties of the target" in result.sentence
+    assert result.divergence is not None
+    assert result.divergence.position == 7
+    assert result.figures["tie_tolerance_applied"] == 0.5
+
+
+def test_a_batched_shadow_that_emits_a_wrong_token_still_fails() -> None:
+    shadow = run("shadow", {"chat": CHAT, "code": FLIPPED}, 5, 1.0)
+    candidate = scores_for({"chat": CHAT, "code": FLIPPED}, {("code", 7): (CODE[7], 3.0)})
+    result = batched_shadow_verdict(shadow, candidate)
+    assert result.outcome is Outcome.failed
+    assert result.sentence.startswith("Shadow-linear emitted a token the target does not choose")
+    assert "prompt 'code' token 7 is 99" in result.sentence
+
+
+def test_a_batched_shadow_with_a_near_tie_still_needs_its_acceptance() -> None:
+    shadow = run("shadow", {"chat": CHAT, "code": FLIPPED}, 20, 1.0)  # accept 1.0: collapsed
+    candidate = scores_for({"chat": CHAT, "code": FLIPPED}, {("code", 7): (CODE[7], 0.05)})
+    result = batched_shadow_verdict(shadow, candidate)
+    assert result.outcome is Outcome.failed
+    assert "collapsed from 4.00 to 1.00" in result.sentence
+
+
 PASS = GateResult("health", Outcome.passed, "ok")
 FAIL = GateResult("tree", Outcome.failed, "slow")
 MAYBE = GateResult("shadow_linear", Outcome.inconclusive, "no baseline")

@@ -150,3 +150,45 @@ def test_validate_refuses_a_staging_host_where_no_server_runs(
         "error: action=validate judges a running SGLang server, and local is a staging host "
         "where none runs; point it at a host that serves (host.staging=false)."
     )
+
+
+def test_a_batched_shadow_is_judged_by_the_tie_rule_and_a_single_request_exactly(
+    standin_root: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """GPU lab, run 16: with 32 requests in flight a correct shadow_linear diverged once from
+    linear DFlash at a token the same server matched in the round before (the batch's make-up
+    changes bf16 rounding). Batched, the gate scores the answers and passes a near-tie flip by
+    the tie rule; at batch 1, where the two run the same shapes, it must match exactly."""
+    root = standin_root[0]
+    linear = _serve(root, tmp_path, "--speculative-algorithm", "DFLASH")
+    try:
+        port = linear.url.rsplit(":", 1)[1]
+        for level in (1, 2):
+            assert _validate(tmp_path, port, "algo=dflash", f"validation.concurrency={level}") == 0
+    finally:
+        linear.process.terminate()
+        linear.process.wait(timeout=30)
+    shadow = _serve(
+        root,
+        tmp_path,
+        *("--speculative-algorithm", "DDTREE", "--speculative-ddtree-mode", "shadow_linear"),
+        env={"STANDIN_FAULT": "near_tie_flip"},
+    )
+    # A flip leaves the drafter's path, so acceptance moves: this judges the tokens.
+    loose = "validation.acceptance_tolerance=0.5"
+    try:
+        port = shadow.url.rsplit(":", 1)[1]
+        assert (
+            _validate(tmp_path, port, "algo=ddtree_shadow", loose, "validation.concurrency=2") == 0
+        )
+        gate = _report(tmp_path)["phases"][0]["gates"][-1]
+        assert (gate["gate"], gate["outcome"]) == ("shadow_linear", "passed")
+        assert "only at near-ties of the target" in gate["sentence"]
+        assert gate["divergence"] is not None
+        assert (
+            _validate(tmp_path, port, "algo=ddtree_shadow", loose, "validation.concurrency=1") == 10
+        )
+        assert "Shadow-linear output differs from linear DFlash" in _report(tmp_path)["sentence"]
+    finally:
+        shadow.process.terminate()
+        shadow.process.wait(timeout=30)
