@@ -25,7 +25,6 @@ an accepted path holds at most B nodes (the drafter's B - 1 positions plus the r
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -336,11 +335,14 @@ def draft_topk_logprobs(
     """
     n = int(hidden_states.shape[0])
     device = hidden_states.device
-    logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
-    ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
     tp = 1 if tp_group is None else int(tp_group.world_size)
     if k > num_org:
         raise ValueError(f"DDTREE top-k {k} exceeds the lm_head shard ({num_org}).")
+    if tp == 1 and 0 < n <= chunk_size:  # a decode step's draft: no output buffers to fill
+        top = ops.topk_logprobs(torch.matmul(hidden_states.to(weight.dtype), weight[:num_org].T), k)
+        return top.logp, top.ids + org_vocab_start if org_vocab_start else top.ids
+    logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
+    ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
     for start in range(0, n, int(chunk_size)):
         end = min(n, start + int(chunk_size))
         hs = hidden_states[start:end].to(weight.dtype)
@@ -503,33 +505,52 @@ def propose_tree(
     )
 
 
-@functools.lru_cache(maxsize=128)
-def _chain_links(bs: int, width: int, device: torch.device) -> Tree:
-    """Everything of a chain tree of `width` nodes that its tokens and prefix do not change
-    (tokens and positions None): parents, depths, the causal ancestor mask, the links, the
-    retrieve rows, no custom mask. Built once per batch size, so a shadow_linear step spends no
-    launches on it. Shared between steps: nothing may write into these tensors."""
-    node = torch.arange(width, device=device)
-    rows = torch.arange(bs, device=device).unsqueeze(1)
+# Per-shape constants of the step, built for the largest batch seen and shared between steps
+# (a step reads the first bs rows, views, no launch): key -> (capacity, tensors). A replaced set
+# stays referenced, as a step still queued on the GPU may read it. Nothing may write into them.
+_ROW_CONSTANTS: dict[tuple[Any, ...], tuple[int, tuple[torch.Tensor, ...]]] = {}
+_RETIRED: list[tuple[torch.Tensor, ...]] = []
 
-    def per_request(t: torch.Tensor) -> torch.Tensor:
-        return t.expand(bs, width).contiguous()
 
-    return Tree(
-        tokens=None,  # type: ignore[arg-type]
-        parents=per_request(node - 1),
-        depths=per_request(node),
-        positions=None,  # type: ignore[arg-type]
-        ancestor_mask=torch.ones(width, width, dtype=torch.bool, device=device)
-        .tril()
-        .expand(bs, width, width)
-        .contiguous(),
-        retrieve_next_token=per_request(torch.where(node + 1 < width, node + 1, -1)),
-        retrieve_next_sibling=torch.full((bs, width), -1, dtype=torch.int64, device=device),
-        retrieve_index=rows * width + node,
-        num_nodes=torch.full((bs,), width, dtype=torch.int64, device=device),
-        custom_mask=torch.empty(0, dtype=torch.bool, device=device),
-    )
+def _first_rows(
+    key: tuple[Any, ...], bs: int, build: Callable[[int], tuple[torch.Tensor, ...]]
+) -> tuple[torch.Tensor, ...]:
+    """The first `bs` rows of `build(capacity)`'s tensors for `key`, rebuilt only when a larger
+    batch comes (to twice the old capacity, so a growing batch rebuilds a few times at most)."""
+    capacity, tensors = _ROW_CONSTANTS.get(key, (0, ()))
+    if capacity < bs:
+        _RETIRED.append(tensors)
+        capacity = max(bs, 2 * capacity)
+        tensors = build(capacity)
+        _ROW_CONSTANTS[key] = (capacity, tensors)
+    return tensors if capacity == bs else tuple(t[:bs] for t in tensors)
+
+
+def _chain_links(bs: int, width: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """What of a chain tree of `width` nodes its tokens and prefix do not change: (parents,
+    depths, ancestor mask, next token, next sibling, retrieve index, node count) per request,
+    and the empty custom mask."""
+
+    def build(capacity: int) -> tuple[torch.Tensor, ...]:
+        node = torch.arange(width, device=device)
+        rows = torch.arange(capacity, device=device).unsqueeze(1)
+
+        def per_request(t: torch.Tensor) -> torch.Tensor:
+            return t.expand(capacity, *t.shape).contiguous()
+
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        return (
+            per_request(node - 1),
+            per_request(node),
+            per_request(causal),
+            per_request(torch.where(node + 1 < width, node + 1, -1)),
+            torch.full((capacity, width), -1, dtype=torch.int64, device=device),
+            rows * width + node,
+            torch.full((capacity,), width, dtype=torch.int64, device=device),
+            torch.empty(0, dtype=torch.bool, device=device),  # no custom mask (sliced, still empty)
+        )
+
+    return _first_rows(("chain", width, device), bs, build)
 
 
 def chain_tree(draft_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> Tree:
@@ -538,10 +559,21 @@ def chain_tree(draft_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> Tree:
     run the tree code on DFlash's tokens. Only its tokens and positions are new each step; the
     rest is `_chain_links`' (two launches a step where the kernels' build took a dozen)."""
     bs, width = draft_tokens.shape
-    links = _chain_links(int(bs), int(width), draft_tokens.device)
-    return links._replace(
+    device = draft_tokens.device
+    parents, depths, ancestor, next_token, next_sibling, retrieve, num_nodes, no_mask = (
+        _chain_links(int(bs), int(width), device)
+    )
+    return Tree(
         tokens=draft_tokens.to(torch.int64),
-        positions=prefix_lens.to(torch.int64).unsqueeze(1) + links.depths,
+        parents=parents,
+        depths=depths,
+        positions=prefix_lens.to(torch.int64).unsqueeze(1) + depths,
+        ancestor_mask=ancestor,
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+        retrieve_index=retrieve,
+        num_nodes=num_nodes,
+        custom_mask=no_mask,
     )
 
 
@@ -857,17 +889,19 @@ def walk_tree(
     return ops.verify_walk(tokens, parents, target_tokens.to(torch.int64), path_len - 1)
 
 
-@functools.lru_cache(maxsize=128)
 def _path_row_keys(
     bs: int, width: int, path_width: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`path_rows`' constants at one shape: each node's sort key off the path (W + node, and a
-    spare column W for padding to land in), each path position's key (its position), and each
-    request's first row. Shared between steps: nothing may write into them."""
-    off_path = torch.arange(width, 2 * width + 1, device=device).expand(bs, width + 1)
-    on_path = torch.arange(path_width, device=device).expand(bs, path_width).contiguous()
-    first_row = torch.arange(bs, device=device).unsqueeze(1) * width
-    return off_path, on_path, first_row
+) -> tuple[torch.Tensor, ...]:
+    """`path_rows`' constants: each node's sort key off the path (W + node, and a spare column W
+    for padding to land in), each path position's key (its position), each request's first row."""
+
+    def build(capacity: int) -> tuple[torch.Tensor, ...]:
+        off_path = torch.arange(width, 2 * width + 1, device=device).expand(capacity, width + 1)
+        on_path = torch.arange(path_width, device=device).expand(capacity, path_width)
+        first_row = torch.arange(capacity, device=device).unsqueeze(1) * width
+        return off_path.contiguous(), on_path.contiguous(), first_row
+
+    return _first_rows(("path", width, path_width, device), bs, build)
 
 
 def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:

@@ -179,11 +179,12 @@ def test_tree_mode_on_cuda_refuses_a_missing_extension(monkeypatch: pytest.Monke
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_draft_topk_single_rank_equals_plain_torch(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("chunk_size", [16, 64])  # chunks, and one chunk (no output buffers)
+def test_draft_topk_single_rank_equals_plain_torch(dtype: torch.dtype, chunk_size: int) -> None:
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(37, 32, generator=g)
     weight = torch.randn(500, 32, generator=g).to(dtype)
-    logp, ids = S.draft_topk_logprobs(hidden, weight, 6, num_org=500, chunk_size=16)
+    logp, ids = S.draft_topk_logprobs(hidden, weight, 6, num_org=500, chunk_size=chunk_size)
     want_logp, want_ids = _plain_topk(hidden, weight, 6)
     assert _same(ids, want_ids)
     assert logp.dtype == torch.float32
@@ -353,14 +354,21 @@ def test_chain_tree_is_the_tree_the_kernels_build_from_the_chain(bs: int, width:
         draft, prefix = draft.flip(0), prefix + 7
 
 
-def test_chain_tree_links_are_shared_but_tokens_and_positions_are_each_steps() -> None:
+def test_chain_tree_links_are_shared_between_steps_and_batch_sizes() -> None:
+    """The links live once per width, for the largest batch seen: a smaller batch reads their
+    first rows, a larger one rebuilds them; tokens and positions are each step's own."""
     first = S.chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
     second = S.chain_tree(torch.tensor([[4, 5, 6, 7]]), torch.tensor([6]))
-    assert second.parents is first.parents
-    assert second.ancestor_mask is first.ancestor_mask
+    assert second.parents.data_ptr() == first.parents.data_ptr()
     assert first.tokens.tolist() == [[9, 1, 2, 3]]
     assert first.positions.tolist() == [[5, 6, 7, 8]]
     assert second.positions.tolist() == [[6, 7, 8, 9]]
+    wide = 1 + max(64, S._ROW_CONSTANTS[("chain", 4, torch.device("cpu"))][0])  # a new capacity
+    grown = S.chain_tree(torch.zeros(wide, 4, dtype=torch.int64), torch.zeros(wide))
+    assert grown.retrieve_index[-1].tolist() == [4 * (wide - 1) + i for i in range(4)]
+    third = S.chain_tree(torch.tensor([[4, 5, 6, 7]]), torch.tensor([6]))
+    assert third.parents.data_ptr() == grown.parents.data_ptr()  # the grown links' first row
+    assert third.retrieve_index.tolist() == [[0, 1, 2, 3]]
 
 
 def test_verify_input_fields_carry_the_mask_only_in_tree_mode() -> None:
@@ -515,8 +523,9 @@ def _vocab_parallel_head(weight: torch.Tensor, num_org: int, rank: int, tp: int)
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("num_added", [0, 9])
+@pytest.mark.parametrize("chunk_size", [4, 64])  # chunks, and one chunk (one rank: no buffers)
 def test_vocab_parallel_topk_with_added_vocabulary_equals_plain_torch(
-    tp: int, num_added: int
+    tp: int, num_added: int, chunk_size: int
 ) -> None:
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(11, 16, generator=g)
@@ -527,7 +536,7 @@ def test_vocab_parallel_topk_with_added_vocabulary_equals_plain_torch(
 
     def rank(r: int) -> object:
         head = _vocab_parallel_head(weight, num_org, r, tp)
-        return S.vocab_parallel_topk_logprobs(hidden, head, k, group, chunk_size=4)
+        return S.vocab_parallel_topk_logprobs(hidden, head, k, group, chunk_size=chunk_size)
 
     results = group.run(rank)
     want_logp, want_ids = _plain_topk(hidden, weight, k)
