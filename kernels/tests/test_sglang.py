@@ -1051,3 +1051,40 @@ def test_a_shadow_linear_step_launches_only_the_walk_and_few_ops(recorder: _Sync
     assert recorder.kernels == ["verify_walk"]
     launches = [op for op in recorder.ops if op.split(".")[0] not in _VIEW_OPS]
     assert len(launches) <= SHADOW_STEP_HOST_OPS, launches
+
+
+# The same count for a greedy tree step at full width (budget 7, width 8 = the block): the draft
+# head's matmul and its input copy, accept's outputs, the commit's KV pairs and hidden rows.
+TREE_STEP_HOST_OPS = 17
+
+
+def test_a_tree_step_launches_its_four_kernels_and_few_ops(recorder: _SyncRecorder) -> None:
+    """Issue 22's budget for tree mode's host work outside the kernels (top-k, tree build, walk,
+    commit indices), so a change that adds launches to every step shows here first."""
+    bs, block, hidden_size, vocab = 2, 8, 16, 40
+    g = torch.Generator().manual_seed(3)
+    verifier = _verifier("tree", block - 1, block, block)
+    prefix, roots = torch.tensor([4, 9]), torch.tensor([1, 2])
+    host_sum = S.host_prefix_sum(prefix, exact_lens=torch.tensor([4, 9]))
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
+    lm_head = SimpleNamespace(weight=torch.randn(vocab, hidden_size, generator=g))
+    logits = torch.randn(bs * block, vocab, generator=g)
+    hidden = torch.randn(bs * block, hidden_size, generator=g)
+    block_cache_loc = torch.arange(bs * block).view(bs, block)
+    req_to_token, req_pool_indices = torch.arange(2 * 64).view(2, 64), torch.tensor([1, 0])
+    with recorder:
+        tree = verifier.propose(
+            draft_hidden=draft_hidden, lm_head=lm_head, root_tokens=roots, prefix_lens=prefix,
+            host_sum=host_sum, tp_group=None,
+        )  # fmt: skip
+        step = verifier.step(
+            tree=tree, draft_tokens=tree.tokens, prefix_lens=prefix,
+            block_cache_loc=block_cache_loc, req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+        )  # fmt: skip
+        step.verify_input(SimpleNamespace)
+        step.accept(logits)
+        step.commit(lambda tgt, src: None, hidden)
+    assert recorder.kernels == ["topk_logprobs", "build_tree", "verify_walk", "commit_indices"]
+    launches = [op for op in recorder.ops if op.split(".")[0] not in _VIEW_OPS]
+    assert len(launches) <= TREE_STEP_HOST_OPS, launches
