@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddtree_kernels import ExtensionUnavailableError, _extension, ops, reference
 from ddtree_kernels import sglang as S
+from ddtree_kernels.types import Tree
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -1024,6 +1025,39 @@ _VIEW_OPS = {"aten::view", "aten::unsqueeze", "aten::reshape", "aten::slice", "a
 SHADOW_STEP_HOST_OPS = 7
 
 
+def _windows(bs: int, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step's KV slots: the block's, req_to_token and the requests' rows in it."""
+    return (
+        torch.arange(bs * block).view(bs, block),
+        torch.arange(2 * 64).view(2, 64),
+        torch.tensor([1, 0]),
+    )
+
+
+def _greedy_step(
+    verifier: S.Verifier,
+    tree: Tree | None,
+    draft_tokens: torch.Tensor,
+    prefix: torch.Tensor,
+    logits: torch.Tensor,
+    hidden: torch.Tensor | None,
+    windows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
+    """One greedy step through a worker's hooks: step, verify input, accept, commit."""
+    block_cache_loc, req_to_token, req_pool_indices = windows
+    step = verifier.step(
+        tree=tree, draft_tokens=draft_tokens, prefix_lens=prefix, block_cache_loc=block_cache_loc,
+        req_to_token=req_to_token, req_pool_indices=req_pool_indices,
+    )  # fmt: skip
+    step.verify_input(SimpleNamespace)
+    step.accept(logits)
+    step.commit(lambda tgt, src: None, hidden)
+
+
+def _launches(recorder: _SyncRecorder) -> list[str]:
+    return [op for op in recorder.ops if op.split(".")[0] not in _VIEW_OPS]
+
+
 def test_a_shadow_linear_step_launches_only_the_walk_and_few_ops(recorder: _SyncRecorder) -> None:
     """Issue 22: shadow_linear (DFLASH's chain through the DDTree step) builds no tree on the
     device: the chain's links are cached, so the walk is its only DDTree kernel, and its host
@@ -1033,24 +1067,14 @@ def test_a_shadow_linear_step_launches_only_the_walk_and_few_ops(recorder: _Sync
     prefix = torch.tensor([4, 9])
     draft_tokens = torch.randint(0, 40, (bs, block), generator=torch.Generator().manual_seed(5))
     logits = torch.randn(bs * block, 40, generator=torch.Generator().manual_seed(6))
-    block_cache_loc = torch.arange(bs * block).view(bs, block)
-    req_to_token = torch.arange(2 * 64).view(2, 64)
-    req_pool_indices = torch.tensor([1, 0])
+    windows = _windows(bs, block)
     for _ in range(2):  # the first step builds the cached links, the second is measured
         recorder.ops.clear()
         recorder.kernels.clear()
         with recorder:
-            step = verifier.step(
-                tree=None, draft_tokens=draft_tokens, prefix_lens=prefix,
-                block_cache_loc=block_cache_loc, req_to_token=req_to_token,
-                req_pool_indices=req_pool_indices,
-            )  # fmt: skip
-            step.verify_input(SimpleNamespace)
-            step.accept(logits)
-            step.commit(lambda tgt, src: None, None)
+            _greedy_step(verifier, None, draft_tokens, prefix, logits, None, windows)
     assert recorder.kernels == ["verify_walk"]
-    launches = [op for op in recorder.ops if op.split(".")[0] not in _VIEW_OPS]
-    assert len(launches) <= SHADOW_STEP_HOST_OPS, launches
+    assert len(_launches(recorder)) <= SHADOW_STEP_HOST_OPS, _launches(recorder)
 
 
 # The same count for a greedy tree step at full width (budget 7, width 8 = the block): the draft
@@ -1070,21 +1094,12 @@ def test_a_tree_step_launches_its_four_kernels_and_few_ops(recorder: _SyncRecord
     lm_head = SimpleNamespace(weight=torch.randn(vocab, hidden_size, generator=g))
     logits = torch.randn(bs * block, vocab, generator=g)
     hidden = torch.randn(bs * block, hidden_size, generator=g)
-    block_cache_loc = torch.arange(bs * block).view(bs, block)
-    req_to_token, req_pool_indices = torch.arange(2 * 64).view(2, 64), torch.tensor([1, 0])
+    windows = _windows(bs, block)
     with recorder:
         tree = verifier.propose(
             draft_hidden=draft_hidden, lm_head=lm_head, root_tokens=roots, prefix_lens=prefix,
             host_sum=host_sum, tp_group=None,
         )  # fmt: skip
-        step = verifier.step(
-            tree=tree, draft_tokens=tree.tokens, prefix_lens=prefix,
-            block_cache_loc=block_cache_loc, req_to_token=req_to_token,
-            req_pool_indices=req_pool_indices,
-        )  # fmt: skip
-        step.verify_input(SimpleNamespace)
-        step.accept(logits)
-        step.commit(lambda tgt, src: None, hidden)
+        _greedy_step(verifier, tree, tree.tokens, prefix, logits, hidden, windows)
     assert recorder.kernels == ["topk_logprobs", "build_tree", "verify_walk", "commit_indices"]
-    launches = [op for op in recorder.ops if op.split(".")[0] not in _VIEW_OPS]
-    assert len(launches) <= TREE_STEP_HOST_OPS, launches
+    assert len(_launches(recorder)) <= TREE_STEP_HOST_OPS, _launches(recorder)
