@@ -699,8 +699,11 @@ def run_overhead(
                             warm[level] = run
                     else:
                         url = f"http://127.0.0.1:{servers[name].port}"
-                        run = {"gates": {}, **timed_pass(url, lab.prompt_set, level=level,
-                                                         requests=requests, headers=headers)}  # fmt: skip
+                        try:
+                            run = {"gates": {}, **timed_pass(url, lab.prompt_set, level=level,
+                                                             requests=requests, headers=headers)}  # fmt: skip
+                        except httpx.HTTPError as error:  # a dead server: the others go on
+                            run = {"gates": {}, "error": f"{type(error).__name__}: {error}"}
                     passes.append({"algo": name, "round": rnd, "concurrency": level,
                                    "repeats": run.get("requests", repeats), **run})  # fmt: skip
             save()

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # run.py imports its sibling `tables`, as a script
@@ -342,6 +343,27 @@ def test_the_interleaved_comparison_validates_round_0_then_times_rotated_passes(
     assert sizes == {1: {67}, 8: {64}, 32: {64}}
     port = {"dflash": 30000, "ddtree_shadow": 30001, "ddtree-15": 30002}  # each server's own
     assert timed == [(f"http://127.0.0.1:{port[name]}", level) for _, level, name in later]
+
+
+def test_a_server_that_stops_answering_a_timed_pass_leaves_the_others_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
+
+    def timed_pass(url: str, prompts: object, **kw: int) -> dict[str, object]:
+        if url.endswith(":30001"):  # shadow_linear's server
+            raise httpx.ConnectError("connection refused")
+        return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 100.0}
+
+    monkeypatch.setattr(run, "timed_pass", timed_pass)
+    lab = _Lab(tmp_path, size="trained")
+    lab.prompt_set = [{"text": "t", "max_new_tokens": 9}] * 16
+    lab.prompts = 16
+    passes: list[dict[str, object]] = []
+    run.run_overhead(lab, 2, [], [], passes, lambda: None, levels=(1,))
+    timed = {p["algo"]: p for p in passes if p.get("round") == 1}
+    assert timed["ddtree_shadow"]["error"] == "ConnectError: connection refused"
+    assert timed["dflash"]["tokens_per_s"] == 100.0
 
 
 def test_the_interleaved_comparison_runs_only_the_levels_asked_for(
