@@ -302,6 +302,14 @@ def test_the_interleaved_comparison_serves_dflash_first_then_shadow_then_each_bu
     assert compose_config(cells["ddtree-63"]).algo.budget == 63
 
 
+def _overhead_lab(tmp_path: Path) -> _Lab:
+    """A lab whose validation set is 16 prompts of 9-token answers (what the timed passes send)."""
+    lab = _Lab(tmp_path, size="trained")
+    lab.prompt_set = [{"text": "t", "max_new_tokens": 9}] * 16
+    lab.prompts = 16
+    return lab
+
+
 def test_the_interleaved_comparison_validates_round_0_then_times_rotated_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -321,9 +329,7 @@ def test_the_interleaved_comparison_validates_round_0_then_times_rotated_passes(
         return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 100.0}
 
     monkeypatch.setattr(run, "timed_pass", timed_pass)
-    lab = _Lab(tmp_path, size="trained")
-    lab.prompt_set = [{"text": "t", "max_new_tokens": 9}] * 16
-    lab.prompts = 16
+    lab = _overhead_lab(tmp_path)
     passes: list[dict[str, object]] = []
     run.run_overhead(lab, 3, [], ["15"], passes, lambda: None)
     names = [name for name, _ in lab.calls]
@@ -356,9 +362,7 @@ def test_a_server_that_stops_answering_a_timed_pass_leaves_the_others_measured(
         return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 100.0}
 
     monkeypatch.setattr(run, "timed_pass", timed_pass)
-    lab = _Lab(tmp_path, size="trained")
-    lab.prompt_set = [{"text": "t", "max_new_tokens": 9}] * 16
-    lab.prompts = 16
+    lab = _overhead_lab(tmp_path)
     passes: list[dict[str, object]] = []
     run.run_overhead(lab, 2, [], [], passes, lambda: None, levels=(1,))
     timed = {p["algo"]: p for p in passes if p.get("round") == 1}
@@ -370,8 +374,7 @@ def test_the_interleaved_comparison_runs_only_the_levels_asked_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
-    lab = _Lab(tmp_path, size="trained")
-    lab.prompts = 16
+    lab = _overhead_lab(tmp_path)
     run.run_overhead(lab, 1, [], ["15"], [], lambda: None, levels=(1, 32, 32))
     assert sorted({name.split("-")[2] for name, _ in lab.calls}) == ["c1", "c32"]
     assert len(lab.calls) == 2 * 3
