@@ -660,13 +660,14 @@ def run_overhead(
     save: Callable[[], None],
     levels: Sequence[int] | None = None,
     timelines: dict[str, Any] | None = None,
+    pass_s: float = OVERHEAD_PASS_S,
 ) -> None:
     """DDTree's cost and speed against DFLASH: DFLASH, shadow_linear and a tree per budget,
     served at once on the attention target, their passes interleaved at each concurrency of
     `levels` (default OVERHEAD_CONCURRENCY). Round 0 is the product's `action=validate` on each,
     DFLASH first (the gates, and the baseline the others are held to); later rounds are timed
     passes straight over HTTP (speed.py), as many requests as DFLASH's round 0 answered in about
-    OVERHEAD_PASS_S, the same for every server, the order rotating per round, so drift of the
+    `pass_s` seconds, the same for every server, the order rotating per round, so drift of the
     machine falls on all alike."""
     shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
     cells = {name: [*shared, *algo, f"service.port={30000 + i}"]
@@ -688,7 +689,7 @@ def run_overhead(
                 repeats = in_flight_repeats(level, lab.prompts)
                 if rnd > 0:
                     answer_tokens = statistics.mean(p["max_new_tokens"] for p in lab.prompt_set)
-                    requests = pass_requests(level, OVERHEAD_PASS_S, warm[level], answer_tokens)
+                    requests = pass_requests(level, pass_s, warm[level], answer_tokens)
                 shift = max(rnd - 1, 0) % len(order)
                 for name in order[shift:] + order[:shift]:
                     if rnd == 0:
@@ -866,6 +867,9 @@ def main() -> int:
     parser.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
                         help="only the interleaved table: shadow_linear and the --budgets trees "
                         "against DFLASH")  # fmt: skip
+    parser.add_argument("--pass-seconds", type=float, default=OVERHEAD_PASS_S,
+                        help="with --overhead: generation per timed pass after round 0 (shorter "
+                        "passes buy more rounds in one call)")  # fmt: skip
     parser.add_argument("--profile", action="store_true",
                         help="with --overhead: then each server's step timeline from SGLang's "
                         "/start_profile (issue 22)")  # fmt: skip
@@ -930,7 +934,7 @@ def main() -> int:
         levels = (1, *in_flight_levels(args.in_flight)) if args.in_flight else None
         timelines = results.setdefault("timeline", {}) if args.profile else None
         run_overhead(lab, args.overhead, base, budgets, results["overhead"], save, levels,
-                     timelines)  # fmt: skip
+                     timelines, args.pass_seconds)  # fmt: skip
     elif args.tune:
         results["tune_sweep"] = []
         results["tune"] = run_tune(lab, base, results["tune_sweep"], save)

@@ -407,3 +407,20 @@ def test_stopping_servers_signals_every_group_before_waiting_on_any(
     assert sent == [(a, term), (b, term), (a, kill), (b, kill)]
     assert all(s.process.poll() is not None for s in servers)
     assert list(lab.pgids.iterdir()) == []
+
+
+def test_the_interleaved_comparison_sizes_its_passes_by_the_seconds_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--pass-seconds 3: half the default's requests (9-token answers at DFLASH's 100 tok/s)."""
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {},
+                                                                "tokens_per_s": 100.0})  # fmt: skip
+    sizes: list[int] = []
+
+    def timed_pass(url: str, prompts: object, **kw: int) -> dict[str, object]:
+        sizes.append(kw["requests"])
+        return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 100.0}
+
+    monkeypatch.setattr(run, "timed_pass", timed_pass)
+    run.run_overhead(_overhead_lab(tmp_path), 2, [], [], [], lambda: None, levels=(1,), pass_s=3.0)
+    assert sizes == [33, 33]
