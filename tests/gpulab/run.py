@@ -78,6 +78,7 @@ STOP_GRACE_S = 15
 PROFILE_STEPS = 40  # decode steps a profiled server records (--profile)
 PROFILE_TOKENS = 512  # one batch-1 answer long enough for those steps at any acceptance
 PROFILE_WAIT_S = 240  # for SGLang to export a trace with Python stacks
+PROFILE_STOPPED = "Stop profiling"  # SGLang's log line once the steps are recorded (0.5.11-0.5.16)
 TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
 PLANT = REPO / "tests" / "standin" / "plant"  # its sitecustomize plants the bug
 PLANTED_BUG = "wrong_child"  # what DDTREE_LAB_PLANTED_BUG names
@@ -709,26 +710,35 @@ def run_overhead(
                                    "repeats": run.get("requests", repeats), **run})  # fmt: skip
             save()
         if timelines is not None:
-            timelines.update(profile_servers(lab, servers))
-            save()
+            profile_servers(lab, servers, timelines, save)
     finally:
         lab.stop(*servers.values())
 
 
-def profile_servers(lab: Lab, servers: dict[str, Server]) -> dict[str, dict[str, Any] | str]:
-    """Issue 22's timeline of each live server, or why there is none. The servers record one at
-    a time (only one answers while its steps are recorded), and each exports its trace while the
-    next records: with Python stacks an export takes about 110 s of one CPU core of the server
-    being profiled (run 15: two of three servers' profiles fit a 600 s call), not its GPU."""
-    recorded = {name: record_profile(lab, name, server) for name, server in servers.items()}
-    deadline = time.monotonic() + PROFILE_WAIT_S
-    return {name: folder if isinstance(folder, str) else collect_profile(folder, deadline)
-            for name, folder in recorded.items()}  # fmt: skip
+def profile_servers(
+    lab: Lab, servers: dict[str, Server], timelines: dict[str, Any], save: Callable[[], None]
+) -> None:
+    """Issue 22's timeline of each live server into `timelines` (or why there is none), saved
+    as each comes. SGLang exports the trace inside its scheduler once the steps are recorded,
+    and answers /start_profile and the answer being recorded only then: with Python stacks
+    about 110 s of one CPU core (run 17: three servers profiled one after the other did not
+    finish in 340 s). So a server is left exporting as soon as its log says the recording
+    stopped, and the next records meanwhile: one server's steps are recorded at a time."""
+    with ThreadPoolExecutor(2 * len(servers)) as pool:
+        recorded = {name: record_profile(lab, name, server, pool)
+                    for name, server in servers.items()}  # fmt: skip
+        deadline = time.monotonic() + PROFILE_WAIT_S
+        for name, folder in recorded.items():
+            timelines[name] = (
+                folder if isinstance(folder, str) else collect_profile(folder, deadline)
+            )
+            save()
 
 
-def record_profile(lab: Lab, name: str, server: Server) -> Path | str:
+def record_profile(lab: Lab, name: str, server: Server, pool: ThreadPoolExecutor) -> Path | str:
     """SGLang's own /start_profile (CPU and GPU, Python stacks) over PROFILE_STEPS steps of one
-    batch-1 answer; the folder the server exports the trace to, or why nothing was recorded."""
+    batch-1 answer, both requests left running in `pool` once the server logs that the
+    recording stopped; the folder the trace is exported to, or why nothing was recorded."""
     folder = lab.root / "profiles" / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -738,17 +748,25 @@ def record_profile(lab: Lab, name: str, server: Server) -> Path | str:
                "activities": ["CPU", "GPU"], "with_stack": True}  # fmt: skip
     answer = {"text": "def main(argv):", "sampling_params": {
         "temperature": 0, "max_new_tokens": PROFILE_TOKENS, "ignore_eos": True}}  # fmt: skip
-    # Some releases answer /start_profile only once the steps are recorded: ask in a thread.
-    with ThreadPoolExecutor(1) as pool:
-        started = pool.submit(httpx.post, f"{url}/start_profile", json=request, headers=headers,
-                              timeout=PROFILE_WAIT_S)  # fmt: skip
-        time.sleep(2)
-        try:
-            httpx.post(f"{url}/generate", json=answer, headers=headers, timeout=PROFILE_WAIT_S)
-            started.result()
-        except httpx.HTTPError as error:
-            return f"no profile: {type(error).__name__}"
+    stops_before = _log_text(server.log).count(PROFILE_STOPPED)
+    requests = [pool.submit(httpx.post, f"{url}/start_profile", json=request, headers=headers,
+                            timeout=PROFILE_WAIT_S)]  # fmt: skip
+    time.sleep(2)
+    requests.append(pool.submit(httpx.post, f"{url}/generate", json=answer, headers=headers,
+                                timeout=PROFILE_WAIT_S))  # fmt: skip
+    deadline = time.monotonic() + PROFILE_WAIT_S
+    while _log_text(server.log).count(PROFILE_STOPPED) == stops_before:
+        failed = [r.exception() for r in requests if r.done() and r.exception() is not None]
+        if failed:
+            return f"no profile: {type(failed[0]).__name__}"
+        if all(r.done() for r in requests) or time.monotonic() > deadline:
+            break  # answered without the line (another release's wording): the trace decides
+        time.sleep(0.5)
     return folder
+
+
+def _log_text(log: Path) -> str:
+    return log.read_text(errors="replace") if log.exists() else ""
 
 
 def collect_profile(folder: Path, deadline: float) -> dict[str, Any] | str:
@@ -880,7 +898,7 @@ def main() -> int:
     parser.add_argument("--in-flight",
                         help=f"the batched passes' requests in flight, e.g. 8,32 (default "
                         f"{IN_FLIGHT}; with --overhead, batch 1 and these, default "
-                        f"{','.join(map(str, OVERHEAD_CONCURRENCY))})")  # fmt: skip
+                        f"{','.join(map(str, OVERHEAD_CONCURRENCY))}; \"\": batch 1 alone)")  # fmt: skip
     parser.add_argument("--toy", action="store_true",
                         help="--size trained at train.py's toy sizes: seconds, to check serving")  # fmt: skip
     parser.add_argument("--api-key", action="store_true",
@@ -927,20 +945,22 @@ def main() -> int:
             archive.add(lab.logs, "logs")
             archive.add(lab.runs, "runs")
 
-    if args.models_only:
-        pass
-    elif args.overhead:
-        budgets = [b for b in args.budgets.split(",") if b]
-        levels = (1, *in_flight_levels(args.in_flight)) if args.in_flight else None
-        timelines = results.setdefault("timeline", {}) if args.profile else None
-        run_overhead(lab, args.overhead, base, budgets, results["overhead"], save, levels,
-                     timelines, args.pass_seconds)  # fmt: skip
-    elif args.tune:
-        results["tune_sweep"] = []
-        results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
-    else:
-        run_matrix(lab, args, base, cells, save)
-    save()
+    try:  # a call cut at its limit (SIGTERM) still saves what ran, logs included
+        if args.models_only:
+            pass
+        elif args.overhead:
+            budgets = [b for b in args.budgets.split(",") if b]
+            levels = overhead_levels(args.in_flight)
+            timelines = results.setdefault("timeline", {}) if args.profile else None
+            run_overhead(lab, args.overhead, base, budgets, results["overhead"], save, levels,
+                         timelines, args.pass_seconds)  # fmt: skip
+        elif args.tune:
+            results["tune_sweep"] = []
+            results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
+        else:
+            run_matrix(lab, args, base, cells, save)
+    finally:
+        save()
     print((args.out / "results.md").read_text())
     return 0
 
@@ -948,6 +968,12 @@ def main() -> int:
 def in_flight_levels(option: str) -> list[int]:
     """--in-flight's levels: "8,32" -> [8, 32]."""
     return [int(level) for level in option.split(",") if level]
+
+
+def overhead_levels(option: str | None) -> tuple[int, ...]:
+    """The levels --overhead compares at: batch 1 and --in-flight's ("" for batch 1 alone),
+    OVERHEAD_CONCURRENCY without it."""
+    return OVERHEAD_CONCURRENCY if option is None else (1, *in_flight_levels(option))
 
 
 def run_matrix(

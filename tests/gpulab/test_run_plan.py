@@ -424,3 +424,9 @@ def test_the_interleaved_comparison_sizes_its_passes_by_the_seconds_asked_for(
     monkeypatch.setattr(run, "timed_pass", timed_pass)
     run.run_overhead(_overhead_lab(tmp_path), 2, [], [], [], lambda: None, levels=(1,), pass_s=3.0)
     assert sizes == [33, 33]
+
+
+def test_the_interleaved_comparison_levels_come_from_in_flight() -> None:
+    assert run.overhead_levels(None) == run.OVERHEAD_CONCURRENCY
+    assert run.overhead_levels("32") == (1, 32)
+    assert run.overhead_levels("") == (1,)  # run 17 asked for batch 1 alone and got all three

@@ -106,16 +106,16 @@ def test_a_trace_without_two_steps_has_no_timeline() -> None:
     assert summarize_trace([one]) is None
 
 
-def _profiled(worker: object, export_after: threading.Event | None) -> type:
-    """SGLang's two endpoints as the lab uses them, for one server: /start_profile (answered
-    once the steps are recorded, as some releases do) and /generate, whose steps the profiler
-    records through the worker-shaped loop above. The trace is exported where the request said,
-    from a thread as SGLang does, once `export_after` is set (None: at once) or never."""
+def _profiled(worker: object, export_after: threading.Event | None, log: Path) -> type:
+    """SGLang's two endpoints as the lab uses them, for one server, as 0.5.11 runs them: the
+    steps of /generate are recorded through the worker-shaped loop above, then the scheduler
+    logs "Stop profiling...", exports the trace where /start_profile said (once `export_after`
+    is set; None: at once) and only then answers both requests."""
 
     class Profiled(http.server.BaseHTTPRequestHandler):
         requests: ClassVar[list[tuple[str, dict[str, object]]]] = []
         profiling = threading.Event()
-        recorded = threading.Event()
+        exported = threading.Event()
         generated = threading.Event()
 
         def do_POST(self) -> None:
@@ -128,23 +128,20 @@ def _profiled(worker: object, export_after: threading.Event | None) -> type:
                 with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
                     for _ in range(3):
                         worker.forward_batch_generation(x)  # type: ignore[attr-defined]
-                out = Path(str(dict(self.requests)["/start_profile"]["output_dir"]))
-                threading.Thread(target=self._export, args=(prof, out), daemon=True).start()
-                self.recorded.set()
+                with log.open("a") as out:
+                    out.write("[2026-12-04 16:46:12] Stop profiling...\n")
+                if export_after is None or export_after.wait(5):  # < PROFILE_WAIT_S below
+                    folder = Path(str(dict(self.requests)["/start_profile"]["output_dir"]))
+                    trace = folder / "1-TP-0.trace.json"
+                    prof.export_chrome_trace(str(trace))
+                    trace.with_suffix(".json.gz").write_bytes(gzip.compress(trace.read_bytes()))
+                self.exported.set()
             else:
                 self.profiling.set()
-                self.recorded.wait(60)
+                self.exported.wait(60)
             self.send_response(200)
             self.end_headers()
             self.wfile.write(b"{}")
-
-        @staticmethod
-        def _export(prof: profile, out: Path) -> None:
-            if export_after is not None and not export_after.wait(30):
-                return
-            trace = out / "1-TP-0.trace.json"
-            prof.export_chrome_trace(str(trace))
-            trace.with_suffix(".json.gz").write_bytes(gzip.compress(trace.read_bytes()))
 
         def log_message(self, *args: object) -> None:
             pass
@@ -162,21 +159,25 @@ def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each server exports while the next records (an export with stacks takes minutes on the
-    GPU machine): here the first exports only once the second has been asked for its answer,
-    so profiling them one after the other, export included, would find no trace."""
+    GPU machine, and SGLang answers only after it): here the first exports only once the second
+    has been asked for its answer, so profiling them one after the other, export included,
+    would find no trace (run 17 lost all three servers' timelines so)."""
     worker = _worker_module(tmp_path).Worker()  # type: ignore[attr-defined]
-    second = _profiled(worker, None)
-    first = _profiled(worker, second.generated)
+    logs = {name: tmp_path / f"{name}.log" for name in ("dflash", "ddtree_shadow")}
+    second = _profiled(worker, None, logs["ddtree_shadow"])
+    first = _profiled(worker, second.generated, logs["dflash"])
     servers = {"dflash": _serve(first), "ddtree_shadow": _serve(second)}
     real_sleep = time.sleep
     monkeypatch.setattr(run.time, "sleep", lambda s: real_sleep(min(s, 0.2)))
     monkeypatch.setattr(run, "PROFILE_WAIT_S", 10)
     lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
     lab.api_key = "k"
-    live = {name: run.Server(name, None, httpd.server_address[1], tmp_path / name, 0.0)  # type: ignore[arg-type]
+    live = {name: run.Server(name, None, httpd.server_address[1], logs[name], 0.0)  # type: ignore[arg-type]
             for name, httpd in servers.items()}  # fmt: skip
+    timelines: dict[str, object] = {}
+    saved: list[list[str]] = []
     try:
-        timelines = run.profile_servers(lab, live)
+        run.profile_servers(lab, live, timelines, lambda: saved.append(list(timelines)))
     finally:
         for httpd in servers.values():
             httpd.shutdown()
@@ -188,6 +189,7 @@ def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     timeline = timelines["dflash"]
     assert isinstance(timeline, dict) and timeline["steps"] == 3
     assert isinstance(timelines["ddtree_shadow"], dict)
+    assert saved == [["dflash"], ["dflash", "ddtree_shadow"]]  # each kept as it comes
     assert "speculative/fake_worker.py:_ddtree_propose" in dict(timeline["functions"])
     table = render_table({"release": "0.5.11", "steps": [], "cells": [], "timeline": {
         "dflash": timeline, "ddtree_shadow": "no finished trace within 240 s"}})  # fmt: skip
