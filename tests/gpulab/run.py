@@ -644,35 +644,53 @@ def concurrency_overrides(level: int, prompts: int) -> list[str]:
     return validation_overrides(level, 4 if level == 1 else in_flight_repeats(level, prompts))
 
 
-def overhead_cells(budgets: Sequence[str]) -> dict[str, list[str]]:
+CONTROL = "dflash_control"  # --control's second DFLASH server
+
+
+@dataclass(frozen=True)
+class OverheadPlan:
+    """What --overhead compares: `rounds` (round 0 the product's validate, later ones timed
+    passes of about `pass_s` seconds) at each of `levels` in flight, shadow_linear and a tree
+    per budget against DFLASH, and with `control` a second DFLASH server: the ratio two
+    identical servers show is the lab's own spread, the floor any other ratio is read against."""
+
+    rounds: int
+    budgets: tuple[str, ...] = ()
+    levels: tuple[int, ...] = OVERHEAD_CONCURRENCY
+    pass_s: float = OVERHEAD_PASS_S
+    control: bool = False
+
+
+def overhead_cells(budgets: Sequence[str], *, control: bool = False) -> dict[str, list[str]]:
     """The interleaved comparison's servers: DFLASH first (its round-0 pass stores the baseline
-    the others are held to), shadow_linear, and a tree server per budget."""
-    cells = {"dflash": ["algo=dflash"], "ddtree_shadow": ["algo=ddtree_shadow"]}
+    the others are held to), with `control` a second DFLASH, shadow_linear, and a tree server per
+    budget."""
+    cells = {"dflash": ["algo=dflash"]}
+    if control:
+        cells[CONTROL] = ["algo=dflash"]
+    cells["ddtree_shadow"] = ["algo=ddtree_shadow"]
     cells.update({f"ddtree-{b}": ["algo=ddtree", f"algo.budget={b}"] for b in budgets})
     return cells
 
 
 def run_overhead(
     lab: Lab,
-    rounds: int,
+    plan: OverheadPlan,
     base: list[str],
-    budgets: Sequence[str],
     passes: list[dict[str, Any]],
     save: Callable[[], None],
-    levels: Sequence[int] | None = None,
     timelines: dict[str, Any] | None = None,
-    pass_s: float = OVERHEAD_PASS_S,
 ) -> None:
-    """DDTree's cost and speed against DFLASH: DFLASH, shadow_linear and a tree per budget,
-    served at once on the attention target, their passes interleaved at each concurrency of
-    `levels` (default OVERHEAD_CONCURRENCY). Round 0 is the product's `action=validate` on each,
-    DFLASH first (the gates, and the baseline the others are held to); later rounds are timed
-    passes straight over HTTP (speed.py), as many requests as DFLASH's round 0 answered in about
-    `pass_s` seconds, the same for every server, the order rotating per round, so drift of the
-    machine falls on all alike."""
+    """DDTree's cost and speed against DFLASH: the servers of `plan` served at once on the
+    attention target, their passes interleaved at each level. Round 0 is the product's
+    `action=validate` on each, DFLASH first (the gates, and the baseline the others are held
+    to; the control only answers the same requests, so it stores no baseline of its own); later
+    rounds are timed passes straight over HTTP (speed.py), as many requests as DFLASH's round 0
+    answered in about `plan.pass_s` seconds, the same for every server, the order rotating per
+    round, so drift of the machine falls on all alike."""
     shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
-    cells = {name: [*shared, *algo, f"service.port={30000 + i}"]
-             for i, (name, algo) in enumerate(overhead_cells(budgets).items())}  # fmt: skip
+    cells = {name: [*shared, *algo, f"service.port={30000 + i}"] for i, (name, algo)
+             in enumerate(overhead_cells(plan.budgets, control=plan.control).items())}  # fmt: skip
     servers = {name: lab.start(f"overhead-{name}", o) for name, o in cells.items()}
     headers = {"Authorization": f"Bearer {lab.api_key}"} if lab.api_key else {}
     try:
@@ -685,15 +703,16 @@ def run_overhead(
             passes.append({"algo": name, "start_s": start_s, "key_check": check})
         order = list(cells)
         warm: dict[int, dict[str, Any]] = {}  # DFLASH's round-0 run per level: sizes the rest
-        for rnd in range(rounds):
-            for level in dict.fromkeys(levels or OVERHEAD_CONCURRENCY):
+        for rnd in range(plan.rounds):
+            for level in dict.fromkeys(plan.levels):
                 repeats = in_flight_repeats(level, lab.prompts)
+                requests = repeats * lab.prompts  # round 0: what a validate pass sends
                 if rnd > 0:
                     answer_tokens = statistics.mean(p["max_new_tokens"] for p in lab.prompt_set)
-                    requests = pass_requests(level, pass_s, warm[level], answer_tokens)
+                    requests = pass_requests(level, plan.pass_s, warm[level], answer_tokens)
                 shift = max(rnd - 1, 0) % len(order)
                 for name in order[shift:] + order[:shift]:
-                    if rnd == 0:
+                    if rnd == 0 and name != CONTROL:
                         step = lab.tool(f"overhead-r0-c{level}-{name}", *cells[name],
                                         *validation_overrides(level, repeats), "action=validate")  # fmt: skip
                         run = summarize(step.report(lab.runs), step.exit_code)
@@ -888,6 +907,9 @@ def main() -> int:
     parser.add_argument("--pass-seconds", type=float, default=OVERHEAD_PASS_S,
                         help="with --overhead: generation per timed pass after round 0 (shorter "
                         "passes buy more rounds in one call)")  # fmt: skip
+    parser.add_argument("--control", action="store_true",
+                        help="with --overhead: a second DFLASH server, the lab's own spread "
+                        "between identical servers (A/A) beside every ratio")  # fmt: skip
     parser.add_argument("--profile", action="store_true",
                         help="with --overhead: then each server's step timeline from SGLang's "
                         "/start_profile (issue 22)")  # fmt: skip
@@ -949,11 +971,10 @@ def main() -> int:
         if args.models_only:
             pass
         elif args.overhead:
-            budgets = [b for b in args.budgets.split(",") if b]
-            levels = overhead_levels(args.in_flight)
+            plan = OverheadPlan(args.overhead, tuple(b for b in args.budgets.split(",") if b),
+                                overhead_levels(args.in_flight), args.pass_seconds, args.control)  # fmt: skip
             timelines = results.setdefault("timeline", {}) if args.profile else None
-            run_overhead(lab, args.overhead, base, budgets, results["overhead"], save, levels,
-                         timelines, args.pass_seconds)  # fmt: skip
+            run_overhead(lab, plan, base, results["overhead"], save, timelines)
         elif args.tune:
             results["tune_sweep"] = []
             results["tune"] = run_tune(lab, base, results["tune_sweep"], save)

@@ -331,7 +331,7 @@ def test_the_interleaved_comparison_validates_round_0_then_times_rotated_passes(
     monkeypatch.setattr(run, "timed_pass", timed_pass)
     lab = _overhead_lab(tmp_path)
     passes: list[dict[str, object]] = []
-    run.run_overhead(lab, 3, [], ["15"], passes, lambda: None)
+    run.run_overhead(lab, run.OverheadPlan(3, ("15",)), [], passes, lambda: None)
     names = [name for name, _ in lab.calls]
     assert names[:3] == ["overhead-r0-c1-dflash", "overhead-r0-c1-ddtree_shadow",
                          "overhead-r0-c1-ddtree-15"]  # fmt: skip
@@ -364,7 +364,7 @@ def test_a_server_that_stops_answering_a_timed_pass_leaves_the_others_measured(
     monkeypatch.setattr(run, "timed_pass", timed_pass)
     lab = _overhead_lab(tmp_path)
     passes: list[dict[str, object]] = []
-    run.run_overhead(lab, 2, [], [], passes, lambda: None, levels=(1,))
+    run.run_overhead(lab, run.OverheadPlan(2, levels=(1,)), [], passes, lambda: None)
     timed = {p["algo"]: p for p in passes if p.get("round") == 1}
     assert timed["ddtree_shadow"]["error"] == "ConnectError: connection refused"
     assert timed["dflash"]["tokens_per_s"] == 100.0
@@ -375,7 +375,7 @@ def test_the_interleaved_comparison_runs_only_the_levels_asked_for(
 ) -> None:
     monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
     lab = _overhead_lab(tmp_path)
-    run.run_overhead(lab, 1, [], ["15"], [], lambda: None, levels=(1, 32, 32))
+    run.run_overhead(lab, run.OverheadPlan(1, ("15",), levels=(1, 32, 32)), [], [], lambda: None)
     assert sorted({name.split("-")[2] for name, _ in lab.calls}) == ["c1", "c32"]
     assert len(lab.calls) == 2 * 3
 
@@ -422,7 +422,8 @@ def test_the_interleaved_comparison_sizes_its_passes_by_the_seconds_asked_for(
         return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 100.0}
 
     monkeypatch.setattr(run, "timed_pass", timed_pass)
-    run.run_overhead(_overhead_lab(tmp_path), 2, [], [], [], lambda: None, levels=(1,), pass_s=3.0)
+    run.run_overhead(_overhead_lab(tmp_path), run.OverheadPlan(2, levels=(1,), pass_s=3.0), [], [],
+                     lambda: None)  # fmt: skip
     assert sizes == [33, 33]
 
 
@@ -430,3 +431,35 @@ def test_the_interleaved_comparison_levels_come_from_in_flight() -> None:
     assert run.overhead_levels(None) == run.OVERHEAD_CONCURRENCY
     assert run.overhead_levels("32") == (1, 32)
     assert run.overhead_levels("") == (1,)  # run 17 asked for batch 1 alone and got all three
+
+
+def test_the_control_is_a_second_dflash_timed_like_the_others_that_stores_no_baseline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--control: DFLASH twice, so the table shows what two identical servers differ by. Only
+    the first validates (stores the baseline); the control answers the same requests over HTTP
+    in round 0 too, and is timed in every later round."""
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {},
+                                                                "tokens_per_s": 100.0})  # fmt: skip
+    timed: list[tuple[str, int, int]] = []
+
+    def timed_pass(url: str, prompts: object, **kw: int) -> dict[str, object]:
+        timed.append((url.rsplit(":", 1)[1], kw["level"], kw["requests"]))
+        return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 100.0}
+
+    monkeypatch.setattr(run, "timed_pass", timed_pass)
+    lab = _overhead_lab(tmp_path)
+    passes: list[dict[str, object]] = []
+    run.run_overhead(lab, run.OverheadPlan(2, levels=(1, 32), control=True), [], passes,
+                     lambda: None)  # fmt: skip
+    assert run.overhead_cells([], control=True)[run.CONTROL] == ["algo=dflash"]
+    assert [name for name, _ in lab.calls] == [
+        "overhead-r0-c1-dflash", "overhead-r0-c1-ddtree_shadow",
+        "overhead-r0-c32-dflash", "overhead-r0-c32-ddtree_shadow",
+    ]  # fmt: skip
+    # Port 30001 is the control: round 0 sends what a validate pass would (16 prompts, then
+    # two passes of them at 32 in flight), and it is timed with the others in round 1.
+    assert [t for t in timed if t[0] == "30001"] == [("30001", 1, 16), ("30001", 32, 32),
+                                                     ("30001", 1, 67), ("30001", 32, 64)]  # fmt: skip
+    assert {p["algo"] for p in passes if p.get("round") == 1} == {"dflash", run.CONTROL,
+                                                                 "ddtree_shadow"}  # fmt: skip

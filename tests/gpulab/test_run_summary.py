@@ -83,10 +83,10 @@ def test_overhead_table_pairs_warm_rounds() -> None:
     ]  # fmt: skip
     dflash, shadow, tree, blank, key = overhead_table(passes)[2:]
     # shadow: warm paired ratios 1.125, 0.9, 0.95 -> median 0.950 (with round 0's 1.9: 1.0375)
-    assert shadow.endswith("| 3.5 | shadow_linear:passed | 0.950 |")
+    assert shadow.endswith("| 3.5 | shadow_linear:passed | 0.950 (0.900-1.125) |")
     assert shadow.startswith("| 1 | ddtree_shadow | 1/6/6/6 | 95.0 (3.0), 90.0 (3.0),")
     # tree: 1.2, 1.1, 1.3 -> 1.2; one round's speed gate failed, its worst gap beside the verdict
-    assert tree.endswith("| tree:failed,tree:passed (worst gap 0.125) | 1.200 |")
+    assert tree.endswith("| tree:failed,tree:passed (worst gap 0.125) | 1.200 (1.100-1.300) |")
     assert dflash.endswith("| baseline:passed | 1.000 |")
     assert (blank, key) == ("", "- API key, dflash: clean (4 processes)")
 
