@@ -135,7 +135,10 @@ def planted_verdict(run: dict[str, Any], plant_seen: bool | None) -> str:
 def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
     """Per concurrency and server: tok/s and step ms round by round, its gate verdicts, and its
     speed over DFLASH as the median of the rounds' paired tok/s ratios, their range beside it
-    (the control's, --control, is the lab's own spread between identical servers). Round 0 is shown but
+    (the control's, --control, is the lab's own spread between identical servers), and what its
+    verify step costs over DFLASH's (ms, the median of paired rounds: issue 22's measure; with
+    more requests in flight than a server runs, a request's step time includes its queueing,
+    so there only tok/s compares). Round 0 is shown but
     left out of the ratio when later rounds exist: it is the first request of each batch shape
     on a fresh server (Triton compiles its kernels then), and it sizes the later passes."""
     broken = [p for p in passes if p.get("start_error")]
@@ -144,8 +147,8 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
                 for p in broken]  # fmt: skip
     names = list(dict.fromkeys(p["algo"] for p in passes))
     lines = ["| in flight | server | prompt-set passes by round | tok/s (step ms) by round | accept "
-             "| gate | x DFLASH: median of paired rounds (range) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| gate | x DFLASH: median of paired rounds (range) | step ms over DFLASH, median |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for level in sorted({p["concurrency"] for p in passes if "concurrency" in p}):
         runs = {name: {p["round"]: p for p in passes
                        if p.get("concurrency") == level and p["algo"] == name and p.get("tokens_per_s")}
@@ -158,6 +161,9 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
             ratios = [runs[name][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"]
                       for r in warm]  # fmt: skip
             spread = f" ({min(ratios):.3f}-{max(ratios):.3f})" if len(set(ratios)) > 1 else ""
+            steps = [runs[name][r]["step_ms"] - runs["dflash"][r]["step_ms"] for r in warm
+                     if runs[name][r].get("step_ms") and runs["dflash"][r].get("step_ms")]  # fmt: skip
+            step_cost = f"{statistics.median(steps):+.2f}" if steps else "-"
             shown = ", ".join(f"{runs[name][r]['tokens_per_s']} ({runs[name][r].get('step_ms')})"
                               for r in rounds)  # fmt: skip
             repeats = "/".join(str(runs[name][r].get("repeats", "-")) for r in rounds)
@@ -171,7 +177,7 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
                 verdicts += f" (worst gap {max(gaps)})"
             accept = runs[name][rounds[-1]].get("accept_length")
             lines.append(f"| {level} | {name} | {repeats} | {shown} | {accept} | {verdicts} "
-                         f"| {statistics.median(ratios):.3f}{spread} |")  # fmt: skip
+                         f"| {statistics.median(ratios):.3f}{spread} | {step_cost} |")  # fmt: skip
     checks = [f"- API key, {p['algo']}: {p['key_check']}" for p in passes if p.get("key_check")]
     return lines + (["", *checks] if checks else [])
 

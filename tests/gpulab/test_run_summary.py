@@ -71,7 +71,8 @@ def test_overhead_table_pairs_warm_rounds() -> None:
                  "ddtree-15": {"tree": gate}}[algo]  # fmt: skip
         gap = {"max_gap": 0.125} if algo == "ddtree-15" else {}
         return {"algo": algo, "round": rnd, "concurrency": 1, "tokens_per_s": tps,
-                "step_ms": 3.0, "gates": gates, "repeats": 1 if rnd == 0 else 6,
+                "step_ms": {"dflash": 3.0, "ddtree_shadow": 3.1, "ddtree-15": 3.25}[algo] + rnd,
+                "gates": gates, "repeats": 1 if rnd == 0 else 6,
                 "accept_length": 3.5, **gap}  # fmt: skip
 
     passes = [
@@ -83,11 +84,13 @@ def test_overhead_table_pairs_warm_rounds() -> None:
     ]  # fmt: skip
     dflash, shadow, tree, blank, key = overhead_table(passes)[2:]
     # shadow: warm paired ratios 1.125, 0.9, 0.95 -> median 0.950 (with round 0's 1.9: 1.0375)
-    assert shadow.endswith("| 3.5 | shadow_linear:passed | 0.950 (0.900-1.125) |")
-    assert shadow.startswith("| 1 | ddtree_shadow | 1/6/6/6 | 95.0 (3.0), 90.0 (3.0),")
+    assert shadow.endswith("| 3.5 | shadow_linear:passed | 0.950 (0.900-1.125) | +0.10 |")
+    assert shadow.startswith("| 1 | ddtree_shadow | 1/6/6/6 | 95.0 (3.1), 90.0 (4.1),")
     # tree: 1.2, 1.1, 1.3 -> 1.2; one round's speed gate failed, its worst gap beside the verdict
-    assert tree.endswith("| tree:failed,tree:passed (worst gap 0.125) | 1.200 (1.100-1.300) |")
-    assert dflash.endswith("| baseline:passed | 1.000 |")
+    assert tree.endswith(
+        "| tree:failed,tree:passed (worst gap 0.125) | 1.200 (1.100-1.300) | +0.25 |"
+    )
+    assert dflash.endswith("| baseline:passed | 1.000 | +0.00 |")
     assert (blank, key) == ("", "- API key, dflash: clean (4 processes)")
 
 
