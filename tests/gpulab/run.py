@@ -743,7 +743,8 @@ def profile_servers(
     about 110 s of one CPU core (run 17: three servers profiled one after the other did not
     finish in 340 s). So a server is left exporting as soon as its log says the recording
     stopped, and the next records meanwhile: one server's steps are recorded at a time."""
-    with ThreadPoolExecutor(2 * len(servers)) as pool:
+    pool = ThreadPoolExecutor(2 * len(servers))
+    try:
         recorded = {name: record_profile(lab, name, server, pool)
                     for name, server in servers.items()}  # fmt: skip
         deadline = time.monotonic() + PROFILE_WAIT_S
@@ -752,6 +753,8 @@ def profile_servers(
                 folder if isinstance(folder, str) else collect_profile(folder, deadline)
             )
             save()
+    finally:  # a call cut here (SIGTERM) stops the servers next, which ends any request left
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def record_profile(lab: Lab, name: str, server: Server, pool: ThreadPoolExecutor) -> Path | str:
