@@ -1,0 +1,45 @@
+"""benchmarks/bench_host.py on CPU: its DFLASH stand-in keeps DFlash's greedy rule, and the
+script runs each server's step end to end (the reference ops; timings mean nothing here)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_host.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_host", BENCH)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_dflash_stand_in_accepts_the_agreeing_prefix_and_the_next_target_token(
+    bench: ModuleType,
+) -> None:
+    chain = torch.tensor([[9, 1, 2, 3], [9, 5, 6, 7], [9, 1, 2, 3]])
+    # Row 0 agrees twice then differs; row 1 not at all; row 2 to the end.
+    target = torch.tensor([[1, 2, 8, 4], [4, 6, 7, 0], [1, 2, 3, 5]])
+    accepted, bonus = bench.dflash_accept(chain, target)
+    assert accepted.tolist() == [2, 0, 3]
+    assert bonus.tolist() == [8, 4, 5]
+
+
+def test_the_script_runs_every_server_step_at_each_batch(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--device", "cpu", "--reps", "2", "--hidden", "16", "--vocab", "64", "--batches", "1,2"]
+    assert bench.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |")
+            or line.startswith("| 2 |")]  # fmt: skip
+    assert [row.split(" | ")[1] for row in rows] == ["dflash", "shadow_linear", "tree"] * 2
+    assert all(row.split(" | ")[3] == "+0.0" for row in rows if "dflash" in row)
