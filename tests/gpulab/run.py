@@ -936,6 +936,8 @@ def main() -> int:
         parser.error("--size trained has one target: give --targets attention")
     if args.profile and not args.overhead:
         parser.error("--profile profiles the interleaved comparison's servers: add --overhead 1")
+    if args.control and not args.overhead:
+        parser.error("--control is a server of the interleaved comparison: add --overhead ROUNDS")
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
