@@ -463,3 +463,16 @@ def test_the_control_is_a_second_dflash_timed_like_the_others_that_stores_no_bas
                                                      ("30001", 1, 67), ("30001", 32, 64)]  # fmt: skip
     assert {p["algo"] for p in passes if p.get("round") == 1} == {"dflash", run.CONTROL,
                                                                  "ddtree_shadow"}  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", ["--control", "--profile"])
+def test_a_flag_of_the_interleaved_comparison_without_it_is_refused_in_one_sentence(
+    flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(out), flag])
+    with pytest.raises(SystemExit) as exited:
+        run.main()
+    assert exited.value.code == 2
+    assert f"error: {flag} " in capsys.readouterr().err
+    assert not out.exists()  # refused before anything is installed or written
