@@ -6,8 +6,11 @@ on the GPU (test_run_summary.py).
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
+
+CONFIDENCE = 0.95  # of the interval around a median ratio
 
 
 def summarize(report: dict[str, Any] | None, exit_code: int) -> dict[str, Any]:
@@ -132,10 +135,33 @@ def planted_verdict(run: dict[str, Any], plant_seen: bool | None) -> str:
     return f"planted bug: no verdict (exit {run['exit']}, tree gate {run['gates'].get('tree', 'not run')})"
 
 
+def median_interval(
+    values: list[float], confidence: float = CONFIDENCE
+) -> tuple[float, float] | None:
+    """The distribution-free interval around the median of `values`: the order statistics
+    x(j) and x(n+1-j) with j the largest rank that still covers the median with `confidence`
+    (binomial at one half). None under six values, where no pair of ranks covers 95%.
+
+    Written here: a few lines of the binomial law, where scipy would be a new dependency of the
+    lab's runner."""
+    n = len(values)
+    tail, rank = 0.0, 0
+    while rank < n // 2:
+        below = tail + math.comb(n, rank) / 2**n  # P(fewer than rank+1 values below the median)
+        if 2 * below > 1 - confidence:
+            break
+        tail, rank = below, rank + 1
+    if rank == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[rank - 1], ordered[n - rank]
+
+
 def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
     """Per concurrency and server: tok/s and step ms round by round, its gate verdicts, and its
     speed over DFLASH as the median of the rounds' paired tok/s ratios, their range beside it
-    (the control's, --control, is the lab's own spread between identical servers), and what its
+    and, from six rounds, the median's 95% interval: whether a 1% difference is resolved at
+    all (the control's, --control, is the lab's own spread between identical servers), and what its
     verify step costs over DFLASH's (ms, the median of paired rounds: issue 22's measure; with
     more requests in flight than a server runs, a request's step time includes its queueing,
     so there only tok/s compares). Round 0 is shown but
@@ -147,7 +173,8 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
                 for p in broken]  # fmt: skip
     names = list(dict.fromkeys(p["algo"] for p in passes))
     lines = ["| in flight | server | prompt-set passes by round | tok/s (step ms) by round | accept "
-             "| gate | x DFLASH: median of paired rounds (range) | step ms over DFLASH, median |",
+             "| gate | x DFLASH: median of paired rounds (range; 95% interval) "
+             "| step ms over DFLASH, median |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for level in sorted({p["concurrency"] for p in passes if "concurrency" in p}):
         runs = {name: {p["round"]: p for p in passes
@@ -160,7 +187,11 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
             warm = [r for r in rounds if r > 0] or rounds
             ratios = [runs[name][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"]
                       for r in warm]  # fmt: skip
-            spread = f" ({min(ratios):.3f}-{max(ratios):.3f})" if len(set(ratios)) > 1 else ""
+            spread = f" ({min(ratios):.3f}-{max(ratios):.3f}" if len(set(ratios)) > 1 else ""
+            interval = median_interval(ratios) if spread else None
+            if interval is not None:
+                spread += f"; {interval[0]:.3f}-{interval[1]:.3f}"
+            spread += ")" if spread else ""
             steps = [runs[name][r]["step_ms"] - runs["dflash"][r]["step_ms"] for r in warm
                      if runs[name][r].get("step_ms") and runs["dflash"][r].get("step_ms")]  # fmt: skip
             step_cost = f"{statistics.median(steps):+.2f}" if steps else "-"
@@ -183,25 +214,35 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
 
 
 def timeline_table(timelines: dict[str, dict[str, Any] | str]) -> list[str]:
-    """Each profiled server's step (timeline.py's medians, ms), then the speculative functions'
-    inclusive ms per step side by side: where one server's extra host time goes."""
+    """Each profiled server's step (timeline.py's medians, ms), then side by side the speculative
+    functions' inclusive ms per step (where one server's extra host time goes) and the GPU
+    kernels' ms per step (what its extra GPU time is made of)."""
     lines = ["| server | steps | step ms | worker host ms | GPU busy ms | blocked on GPU ms "
-             "| blocking calls per step |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| blocking calls per step | CUDA graphs launched per step |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     profiled = {name: t for name, t in timelines.items() if isinstance(t, dict)}
     for name, t in timelines.items():
         if isinstance(t, str):
-            lines.append(f"| {name} | {t} | | | | | |")
+            lines.append(f"| {name} | {t} | | | | | | |")
             continue
         lines.append(f"| {name} | {t['steps']} | {t['step_ms']} | {t['host_ms']} | {t['gpu_ms']} "
-                     f"| {t['sync_ms']} | {t['syncs']} |")  # fmt: skip
-    functions = list(dict.fromkeys(f for t in profiled.values() for f, _ in t["functions"]))
-    if not functions:
-        return lines
+                     f"| {t['sync_ms']} | {t['syncs']} | {t.get('graph_launches', '-')} |")  # fmt: skip
+    lines += _side_by_side(profiled, "functions", "function (inclusive ms per step)", "`{}`")
+    lines += _side_by_side(profiled, "kernels", "GPU kernel (ms per step)", "{}")
+    return lines
+
+
+def _side_by_side(
+    profiled: dict[str, dict[str, Any]], key: str, heading: str, shown: str
+) -> list[str]:
+    """One row per name in any server's `key` list, one column of ms per server."""
+    rows = list(dict.fromkeys(r for t in profiled.values() for r, _ in t.get(key, [])))
+    if not rows:
+        return []
     names = list(profiled)
-    lines += ["", f"| function (inclusive ms per step) | {' | '.join(names)} |",
-              f"|---|{'---|' * len(names)}"]  # fmt: skip
-    per_server = {n: {f: ms for f, ms in profiled[n]["functions"]} for n in names}
-    for function in functions:
-        cells = [str(per_server[n].get(function, "")) for n in names]
-        lines.append(f"| `{function}` | {' | '.join(cells)} |")
+    per_server = {n: dict(profiled[n].get(key, [])) for n in names}
+    lines = ["", f"| {heading} | {' | '.join(names)} |", f"|---|{'---|' * len(names)}"]
+    for row in rows:
+        cells = [str(per_server[n].get(row, "")) for n in names]
+        lines.append(f"| {shown.format(row)} | {' | '.join(cells)} |")
     return lines

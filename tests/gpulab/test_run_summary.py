@@ -10,7 +10,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpulab.tables import matrix_table, overhead_table, render_table, speed_table, summarize
+import pytest
+
+from gpulab.tables import (
+    matrix_table,
+    median_interval,
+    overhead_table,
+    render_table,
+    speed_table,
+    summarize,
+    timeline_table,
+)
 
 RECORDED = Path(__file__).with_name("recorded")
 
@@ -94,6 +104,27 @@ def test_overhead_table_pairs_warm_rounds() -> None:
     assert (blank, key) == ("", "- API key, dflash: clean (4 processes)")
 
 
+@pytest.mark.parametrize(("n", "rank"), [(6, 1), (9, 2), (20, 6), (100, 40)])
+def test_the_median_interval_takes_the_ranks_of_the_binomial_table(n: int, rank: int) -> None:
+    """The published ranks of the 95% distribution-free interval of a median, on 1..n."""
+    values = [float(v) for v in range(n, 0, -1)]  # unsorted: the function sorts
+    assert median_interval(values) == (rank, n + 1 - rank)
+
+
+def test_fewer_than_six_rounds_have_no_interval_and_the_table_shows_only_the_range() -> None:
+    assert median_interval([0.9, 1.0, 1.1, 1.2, 1.3]) is None
+    rounds = [0.96, 1.10, 0.98, 0.99, 0.97, 1.01]  # shadow over DFLASH, rounds 1-6
+    passes = [
+        {"algo": algo, "round": rnd, "concurrency": 1, "gates": {},
+         "tokens_per_s": 100.0 * (ratio if algo == "ddtree_shadow" else 1.0)}
+        for rnd, ratio in enumerate([1.0, *rounds]) for algo in ("dflash", "ddtree_shadow")
+    ]  # fmt: skip
+    shadow = overhead_table(passes)[3]
+    assert "| 0.985 (0.960-1.100; 0.960-1.100) |" in shadow  # six rounds: the extremes cover 97%
+    fewer = overhead_table([p for p in passes if p["round"] < 6])[3]
+    assert "| 0.980 (0.960-1.100) |" in fewer
+
+
 def test_a_planted_bug_must_fail_on_the_tree_gate() -> None:
     failed = summarize(_report("attention-tree-diverged-report.json"), 10)
     passed = summarize(_report("attention-tree-report.json"), 0)
@@ -168,3 +199,23 @@ def test_speed_table_sets_each_cell_beside_dflash_at_the_same_level() -> None:
             "training": {"acceptance": {"mean_accept_len": 4.1}},
         }
     )
+
+
+def test_the_timeline_table_puts_each_servers_kernels_side_by_side() -> None:
+    def timeline(kernels: list[tuple[str, float]], graphs: float) -> dict[str, object]:
+        return {"steps": 39, "step_ms": 9.0, "host_ms": 8.0, "gpu_ms": 5.0, "sync_ms": 1.0,
+                "syncs": 13.8, "functions": [], "kernels": kernels, "graph_launches": graphs}  # fmt: skip
+
+    lines = timeline_table({
+        "dflash": timeline([("gemm", 2.5), ("attention", 1.0)], 2.0),
+        "ddtree-15": timeline([("attention", 3.1), ("gemm", 2.5), ("mask", 0.2)], 1.0),
+        "dflash_control": "no finished trace within 240 s",
+    })  # fmt: skip
+    assert lines[2].endswith("| 13.8 | 2.0 |") and lines[3].endswith("| 13.8 | 1.0 |")
+    at = lines.index("| GPU kernel (ms per step) | dflash | ddtree-15 |")
+    assert lines[at + 2 :] == [
+        "| gemm | 2.5 | 2.5 |",
+        "| attention | 1.0 | 3.1 |",
+        "| mask |  | 0.2 |",
+    ]
+    assert not any("function (inclusive" in line for line in lines)  # no functions: no table

@@ -77,19 +77,26 @@ def test_a_profiled_loop_gives_each_step_its_host_gpu_and_functions(tmp_path: Pa
                     and "Worker" not in e["name"]), key=lambda e: e["ts"])  # fmt: skip
     outer = [e for e in steps if "fake_worker.py(13)" in e["name"]]
     assert len(outer) == STEPS
-    for step in outer:  # GPU work: 10-110 and 60-160 us (150 us busy), a 50 us blocking copy
-        ts = float(step["ts"])
+    gemm = "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>(Params)"
+    for i, step in enumerate(outer):  # GPU work: 10-110 and 50-160 us (150 us busy), a 50 us
+        ts = float(step["ts"])  # blocking copy; every other step replays a captured graph
         events += [
-            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": ts + 10, "dur": 100},
-            {"ph": "X", "cat": "kernel", "name": "topk", "ts": ts + 60, "dur": 100},
+            {"ph": "X", "cat": "kernel", "name": gemm, "ts": ts + 10, "dur": 100},
+            {"ph": "X", "cat": "kernel", "name": "topk_kernel", "ts": ts + 50, "dur": 110},
             {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": ts + 200, "dur": 50},
         ]  # fmt: skip
+        if i % 2 == 0:
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch",
+                           "ts": ts + 5, "dur": 4})  # fmt: skip
 
     timeline = summarize_trace(events)
 
     assert timeline is not None
     assert timeline.steps == STEPS  # the target's nested step is not a step of its own
     assert timeline.gpu_ms == 0.15 and timeline.sync_ms == 0.05 and timeline.syncs == 1.0
+    # each kernel by its name before the template arguments, the longer one first, per step
+    assert timeline.kernels == [("topk_kernel", 0.11), ("cutlass::Kernel2", 0.1)]
+    assert timeline.graph_launches == 0.6  # 3 of the 5 steps
     assert timeline.host_ms >= 4.0  # the proposal's sleep is inside the step
     assert timeline.step_ms > timeline.host_ms  # and the scheduler's is between steps
     names = [name for name, _ in timeline.functions]
@@ -196,4 +203,5 @@ def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     propose = dict(timeline["functions"])["speculative/fake_worker.py:_ddtree_propose"]
     assert f"| `speculative/fake_worker.py:_ddtree_propose` | {propose} |" in table
     assert f"| dflash | 3 | {timeline['step_ms']} |" in table
+    assert "| GPU kernel (ms per step) | dflash |" not in table  # a CPU trace has no kernels
     assert "| ddtree_shadow | no finished trace within 240 s |" in table

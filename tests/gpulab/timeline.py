@@ -5,7 +5,9 @@ A step is one outermost call of the worker's `forward_batch_generation` (the sch
 once per decode step, in every release the lab serves). Per step the summary gives the time
 from one step's start to the next, the worker's host time, the GPU's busy time (kernels,
 copies, memsets merged where they overlap), the time the host sat in calls that wait for the
-GPU, and the speculative code's own functions by their inclusive time. The profiler's Python
+GPU, the speculative code's own functions by their inclusive time, the GPU's kernels by their
+time (what a server's extra GPU time is made of), and the CUDA graphs launched (whether its
+verify forward replayed a captured graph or ran eagerly). The profiler's Python
 tracer slows the host, so these figures attribute time; the interleaved passes measure it.
 
 Pure functions of the trace's JSON, tested on CPU with a real torch profiler trace
@@ -30,6 +32,8 @@ GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 # from pageable memory waits as cudaMemcpyAsync).
 SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize",
                         "cudaEventSynchronize", "cudaMemcpyAsync", "cudaMemcpy"})  # fmt: skip
+GRAPH_LAUNCH = "cudaGraphLaunch"
+KERNEL_NAME_CHARS = 60  # a kernel's name up to its template arguments, cut to this
 # Whose functions the summary lists: SGLang's speculative decoding and the DDTree module.
 SOURCES = ("sglang/srt/speculative/", "ddtree_kernels/")
 _PYTHON_NAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<function>.+)$")
@@ -46,6 +50,8 @@ class Timeline:
     sync_ms: float  # the host blocked in SYNC_CALLS within the step
     syncs: float  # SYNC_CALLS per step (mean)
     functions: list[tuple[str, float]]  # ("file.py:function", mean inclusive ms per step)
+    kernels: list[tuple[str, float]]  # (kernel name, mean GPU ms per step), the longest first
+    graph_launches: float  # cudaGraphLaunch calls per step (mean)
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
@@ -71,21 +77,42 @@ def summarize_trace(events: list[dict[str, Any]], *, top: int = 12) -> Timeline 
     syncs = [e for e in events if e.get("cat") == "cuda_runtime" and e["name"] in SYNC_CALLS]
     first, end = windows[0][0], windows[-1][1]  # the windows tile this span
     functions: dict[str, float] = defaultdict(float)
+    kernels: dict[str, float] = defaultdict(float)
     for event in events:
-        name = _source_function(event) if event.get("cat") == "python_function" else None
-        if name is not None and first <= float(event["ts"]) < end:
+        if not first <= float(event["ts"]) < end:
+            continue
+        if event.get("cat") == "python_function" and (name := _source_function(event)):
             functions[name] += float(event["dur"])
+        elif event.get("cat") in GPU_CATEGORIES:
+            kernels[_kernel_name(event["name"])] += float(event["dur"])
     n = len(windows)
-    ranked = sorted(functions.items(), key=lambda item: -item[1])[:top]
+    in_span = [
+        e for e in events if e.get("cat") == "cuda_runtime" and first <= float(e["ts"]) < end
+    ]
     return Timeline(
         steps=n,
         step_ms=_ms(statistics.median(b - a for a, b in windows[:-1])),
         host_ms=_ms(statistics.median(float(s["dur"]) for s in steps)),
         gpu_ms=_ms(statistics.median(_busy(gpu, a, b) for a, b in windows)),
         sync_ms=_ms(statistics.median(_busy(syncs, a, b) for a, b in windows)),
-        syncs=round(sum(first <= float(e["ts"]) < end for e in syncs) / n, 1),
-        functions=[(name, _ms(total / n)) for name, total in ranked],
+        syncs=round(sum(e["name"] in SYNC_CALLS for e in in_span) / n, 1),
+        functions=_ranked(functions, n, top),
+        kernels=_ranked(kernels, n, top),
+        graph_launches=round(sum(e["name"] == GRAPH_LAUNCH for e in in_span) / n, 1),
     )
+
+
+def _ranked(totals: dict[str, float], steps: int, top: int) -> list[tuple[str, float]]:
+    """The `top` largest of `totals` (microseconds over the trace) as ms per step."""
+    ranked = sorted(totals.items(), key=lambda item: -item[1])[:top]
+    return [(name, _ms(total / steps)) for name, total in ranked]
+
+
+def _kernel_name(name: str) -> str:
+    """A kernel's name without its template and call arguments, e.g. "void
+    flashinfer::BatchPrefillWithPagedKVCacheKernel<...>(...)" is listed by what precedes "<"."""
+    cut = min((i for i in (name.find("<"), name.find("(")) if i > 0), default=len(name))
+    return name[:cut].removeprefix("void ").strip()[:KERNEL_NAME_CHARS]
 
 
 def _outermost(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
