@@ -78,6 +78,8 @@ STOP_GRACE_S = 15
 PROFILE_STEPS = 40  # decode steps a profiled server records (--profile)
 PROFILE_TOKENS = 512  # one batch-1 answer long enough for those steps at any acceptance
 PROFILE_WAIT_S = 240  # for SGLang to export a trace with Python stacks
+PROFILE_QUIET_S = 30  # for one server's export to end before the next server records
+PROFILE_POLL_S = 2  # between looks at a trace being exported
 PROFILE_STOPPED = "Stop profiling"  # SGLang's log line once the steps are recorded (0.5.11-0.5.16)
 TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
 PLANT = REPO / "tests" / "standin" / "plant"  # its sitecustomize plants the bug
@@ -738,20 +740,31 @@ def profile_servers(
     lab: Lab, servers: dict[str, Server], timelines: dict[str, Any], save: Callable[[], None]
 ) -> None:
     """Issue 22's timeline of each live server into `timelines` (or why there is none), saved
-    as each comes. SGLang exports the trace inside its scheduler once the steps are recorded,
-    and answers /start_profile and the answer being recorded only then: with Python stacks
-    about 110 s of one CPU core (run 17: three servers profiled one after the other did not
-    finish in 340 s). So a server is left exporting as soon as its log says the recording
-    stopped, and the next records meanwhile: one server's steps are recorded at a time."""
+    as each comes. One server's steps are recorded at a time, and none while another exports:
+    SGLang writes the trace inside its scheduler, a core busy for seconds (run 18: 3 to 7 s),
+    and a host-bound step recorded beside that is not the one being compared. An export that
+    runs past PROFILE_QUIET_S (run 17 saw about 110 s) is left running, since SGLang answers
+    both requests only after it, and the next server's timeline says it was recorded beside
+    it."""
     pool = ThreadPoolExecutor(2 * len(servers))
     try:
-        recorded = {name: record_profile(lab, name, server, pool)
-                    for name, server in servers.items()}  # fmt: skip
+        recorded: dict[str, Path | str] = {}
+        beside: dict[str, str] = {}
+        exporting: list[tuple[str, Path]] = []
+        for name, server in servers.items():
+            quiet = time.monotonic() + PROFILE_QUIET_S
+            exporting = [(n, f) for n, f in exporting if finished_trace(f, quiet) is None]
+            if exporting:
+                beside[name] = exporting[-1][0]
+            recorded[name] = folder = record_profile(lab, name, server, pool)
+            if isinstance(folder, Path):
+                exporting.append((name, folder))
         deadline = time.monotonic() + PROFILE_WAIT_S
         for name, folder in recorded.items():
-            timelines[name] = (
-                folder if isinstance(folder, str) else collect_profile(folder, deadline)
-            )
+            timeline = folder if isinstance(folder, str) else collect_profile(folder, deadline)
+            if isinstance(timeline, dict) and name in beside:
+                timeline["recorded_beside_export_of"] = beside[name]
+            timelines[name] = timeline
             save()
     finally:  # a call cut here (SIGTERM) stops the servers next, which ends any request left
         pool.shutdown(wait=False, cancel_futures=True)
@@ -791,19 +804,26 @@ def _log_text(log: Path) -> str:
     return log.read_text(errors="replace") if log.exists() else ""
 
 
-def collect_profile(folder: Path, deadline: float) -> dict[str, Any] | str:
-    """The summary (timeline.py) of the trace a server exports into `folder`, once the file
-    stops growing, or why there is none by `deadline` (time.monotonic())."""
+def finished_trace(folder: Path, deadline: float) -> Path | None:
+    """The trace a server exports into `folder` once the file stops growing, or None if it
+    has not by `deadline` (time.monotonic())."""
     sizes = [-1]
     while time.monotonic() < deadline:
         traces = sorted(folder.glob("*.trace.json.gz"))
         sizes.append(traces[0].stat().st_size if traces else -1)
         if sizes[-1] > 0 and sizes[-1] == sizes[-2]:
-            break
-        time.sleep(2)
-    else:
+            return traces[0]
+        time.sleep(PROFILE_POLL_S)
+    return None
+
+
+def collect_profile(folder: Path, deadline: float) -> dict[str, Any] | str:
+    """The summary (timeline.py) of the trace a server exports into `folder`, or why there is
+    none by `deadline` (time.monotonic())."""
+    trace = finished_trace(folder, deadline)
+    if trace is None:
         return f"no finished trace within {PROFILE_WAIT_S} s"
-    timeline = summarize_trace(read_trace(traces[0]))
+    timeline = summarize_trace(read_trace(trace))
     return asdict(timeline) if timeline else "fewer than two steps in the trace"
 
 

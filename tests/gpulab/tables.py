@@ -227,6 +227,9 @@ def timeline_table(timelines: dict[str, dict[str, Any] | str]) -> list[str]:
             continue
         lines.append(f"| {name} | {t['steps']} | {t['step_ms']} | {t['host_ms']} | {t['gpu_ms']} "
                      f"| {t['sync_ms']} | {t['syncs']} | {t.get('graph_launches', '-')} |")  # fmt: skip
+    lines += [f"- {name}: recorded while {t['recorded_beside_export_of']} still exported its "
+              "trace (a core busy beside it): its host figures are not comparable"
+              for name, t in profiled.items() if t.get("recorded_beside_export_of")]  # fmt: skip
     lines += _side_by_side(profiled, "functions", "function (inclusive ms per step)", "`{}`")
     lines += _side_by_side(profiled, "kernels", "GPU kernel (ms per step)", "{}")
     return lines

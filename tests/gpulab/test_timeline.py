@@ -113,19 +113,24 @@ def test_a_trace_without_two_steps_has_no_timeline() -> None:
     assert summarize_trace([one]) is None
 
 
-def _profiled(worker: object, export_after: threading.Event | None, log: Path) -> type:
+def _profiled(
+    worker: object, export_after: threading.Event | None, log: Path, export_s: float = 0.0
+) -> type:
     """SGLang's two endpoints as the lab uses them, for one server, as 0.5.11 runs them: the
     steps of /generate are recorded through the worker-shaped loop above, then the scheduler
     logs "Stop profiling...", exports the trace where /start_profile said (once `export_after`
-    is set; None: at once) and only then answers both requests."""
+    is set; None: at once), taking `export_s`, and only then answers both requests."""
 
     class Profiled(http.server.BaseHTTPRequestHandler):
         requests: ClassVar[list[tuple[str, dict[str, object]]]] = []
+        asked_at: ClassVar[list[float]] = []  # time.monotonic() of each request's arrival
+        exported_at: ClassVar[list[float]] = []  # and of the trace's being written
         profiling = threading.Event()
         exported = threading.Event()
         generated = threading.Event()
 
         def do_POST(self) -> None:
+            self.asked_at.append(time.monotonic())
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             self.requests.append((self.path, body))
             if self.path == "/generate":
@@ -138,10 +143,12 @@ def _profiled(worker: object, export_after: threading.Event | None, log: Path) -
                 with log.open("a") as out:
                     out.write("[2026-12-04 16:46:12] Stop profiling...\n")
                 if export_after is None or export_after.wait(5):  # < PROFILE_WAIT_S below
+                    time.sleep(export_s)
                     folder = Path(str(dict(self.requests)["/start_profile"]["output_dir"]))
                     trace = folder / "1-TP-0.trace.json"
                     prof.export_chrome_trace(str(trace))
                     trace.with_suffix(".json.gz").write_bytes(gzip.compress(trace.read_bytes()))
+                    self.exported_at.append(time.monotonic())
                 self.exported.set()
             else:
                 self.profiling.set()
@@ -177,6 +184,7 @@ def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     real_sleep = time.sleep
     monkeypatch.setattr(run.time, "sleep", lambda s: real_sleep(min(s, 0.2)))
     monkeypatch.setattr(run, "PROFILE_WAIT_S", 10)
+    monkeypatch.setattr(run, "PROFILE_QUIET_S", 1)
     lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
     lab.api_key = "k"
     live = {name: run.Server(name, None, httpd.server_address[1], logs[name], 0.0)  # type: ignore[arg-type]
@@ -197,6 +205,9 @@ def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     assert isinstance(timeline, dict) and timeline["steps"] == 3
     assert isinstance(timelines["ddtree_shadow"], dict)
     assert saved == [["dflash"], ["dflash", "ddtree_shadow"]]  # each kept as it comes
+    # the first's export outlasted PROFILE_QUIET_S: the second was recorded beside it, and says so
+    assert timelines["ddtree_shadow"]["recorded_beside_export_of"] == "dflash"  # type: ignore[index]
+    assert "recorded_beside_export_of" not in timeline
     assert "speculative/fake_worker.py:_ddtree_propose" in dict(timeline["functions"])
     table = render_table({"release": "0.5.11", "steps": [], "cells": [], "timeline": {
         "dflash": timeline, "ddtree_shadow": "no finished trace within 240 s"}})  # fmt: skip
@@ -205,3 +216,33 @@ def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     assert f"| dflash | 3 | {timeline['step_ms']} |" in table
     assert "| GPU kernel (ms per step) | dflash |" not in table  # a CPU trace has no kernels
     assert "| ddtree_shadow | no finished trace within 240 s |" in table
+
+
+def test_a_server_is_not_recorded_while_the_one_before_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export that ends within PROFILE_QUIET_S is waited for: the next server's recording
+    starts only once the trace before it is written (run 18's servers each recorded while the
+    previous one exported, a core busy beside a host-bound step)."""
+    worker = _worker_module(tmp_path).Worker()  # type: ignore[attr-defined]
+    logs = {name: tmp_path / f"{name}.log" for name in ("dflash", "ddtree_shadow")}
+    first = _profiled(worker, None, logs["dflash"], export_s=1.0)
+    second = _profiled(worker, None, logs["ddtree_shadow"])
+    servers = {"dflash": _serve(first), "ddtree_shadow": _serve(second)}
+    real_sleep = time.sleep
+    monkeypatch.setattr(run.time, "sleep", lambda s: real_sleep(min(s, 0.2)))
+    monkeypatch.setattr(run, "PROFILE_WAIT_S", 10)
+    monkeypatch.setattr(run, "PROFILE_QUIET_S", 8)
+    lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
+    live = {name: run.Server(name, None, httpd.server_address[1], logs[name], 0.0)  # type: ignore[arg-type]
+            for name, httpd in servers.items()}  # fmt: skip
+    timelines: dict[str, object] = {}
+    try:
+        run.profile_servers(lab, live, timelines, lambda: None)
+    finally:
+        for httpd in servers.values():
+            httpd.shutdown()
+    assert first.exported_at and second.asked_at  # type: ignore[attr-defined]
+    assert first.exported_at[0] < min(second.asked_at)  # type: ignore[attr-defined]
+    shadow = timelines["ddtree_shadow"]
+    assert isinstance(shadow, dict) and "recorded_beside_export_of" not in shadow
