@@ -14,10 +14,12 @@ times `ddtree_kernels.sglang`'s step on its own, with no server around it:
   moving the path's KV through a stand-in pool (one index copy where SGLang runs one kernel).
 
 Per step it reports the host time to submit (wall clock; the device is kept busy first, so no
-op waits for it and a read-back shows as milliseconds of host time) and the device time of the
-submitted work (CUDA events, the ops queued back to back, so no host gap inside), median with
-[p20-p80]. `--device cpu` runs the same calls on the torch reference, to check the script, not
-to time anything.
+op waits for it and a read-back shows as milliseconds of host time), the ops it dispatches
+(every call through torch's dispatcher: aten ops, allocations, views and the kernels' own ops;
+host time per dispatched op says whether a cut should remove calls or make them cheaper) and
+the device time of the submitted work (CUDA events, the ops queued back to back, so no host gap
+inside), median with [p20-p80]. `--device cpu` runs the same calls on the torch reference, to
+check the script, not to time or count anything.
 
 Run it with a Python whose ddtree_kernels has the CUDA extension: on the GPU lab, after a
 `run.py` call, the venv `action=build-kernels` installed it into (`/tmp/ddtree-lab/venv/bin/python
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddtree_kernels import _extension
 from ddtree_kernels import sglang as S
@@ -125,6 +128,26 @@ def quantiles(samples: list[float]) -> str:
     return f"{statistics.median(samples):.1f} [{q[1]:.1f}-{q[7]:.1f}]"
 
 
+class _Dispatched(TorchDispatchMode):
+    """Counts the calls that reach torch's dispatcher (each is host work in the step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(run: Callable[[], object]) -> int:
+    """The ops one step of `run` dispatches, after a step that builds its per-shape constants."""
+    run()
+    with _Dispatched() as counter:
+        run()
+    return counter.calls
+
+
 def time_step(run: Callable[[], object], reps: int, cuda: bool) -> tuple[list[float], list[float]]:
     """Host and device microseconds of `reps` steps, after two warm-up steps (the module builds
     its per-shape constants on the first)."""
@@ -165,16 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     where = torch.cuda.get_device_name() if cuda else "CPU (reference ops: not a timing)"
     print(f"{where}, torch {torch.__version__}, hidden {args.hidden}, vocab {args.vocab}, "
           f"block {BLOCK}, budget {BUDGET}, top-k {TOPK}, {args.reps} steps each\n")  # fmt: skip
-    print("| batch | server | host µs to submit | over DFLASH µs | device µs |")
-    print("|---|---|---|---|---|")
+    print("| batch | server | host µs to submit | over DFLASH µs | ops dispatched | device µs |")
+    print("|---|---|---|---|---|---|")
     with torch.inference_mode():
         for bs in (int(b) for b in args.batches.split(",") if b):
             runs = steps(Inputs(bs, device, args.hidden, args.vocab))
             timed = {name: time_step(run, args.reps, cuda) for name, run in runs.items()}
+            counted = {name: dispatched_ops(run) for name, run in runs.items()}
             base = statistics.median(timed["dflash"][0])
             for name, (host, dev) in timed.items():
                 over = statistics.median(host) - base
-                print(f"| {bs} | {name} | {quantiles(host)} | {over:+.1f} "
+                print(f"| {bs} | {name} | {quantiles(host)} | {over:+.1f} | {counted[name]} "
                       f"| {quantiles(dev) if dev else '-'} |")  # fmt: skip
     return 0
 

@@ -43,3 +43,16 @@ def test_the_script_runs_every_server_step_at_each_batch(
             or line.startswith("| 2 |")]  # fmt: skip
     assert [row.split(" | ")[1] for row in rows] == ["dflash", "shadow_linear", "tree"] * 2
     assert all(row.split(" | ")[3] == "+0.0" for row in rows if "dflash" in row)
+    ops = {row.split(" | ")[1]: int(row.split(" | ")[4]) for row in rows[:3]}
+    assert 0 < ops["dflash"] < ops["shadow_linear"] < ops["tree"]  # the reference's counts here
+
+
+def test_dispatched_ops_counts_one_step_after_its_first(bench: ModuleType) -> None:
+    calls = []
+
+    def step() -> None:
+        if not calls:  # the first step builds a constant: not counted
+            torch.arange(4)
+        calls.append(torch.ones(2) + torch.ones(2))  # three dispatched ops
+
+    assert bench.dispatched_ops(step) == 3
