@@ -3,24 +3,10 @@ script runs each server's step end to end (the reference ops; timings mean nothi
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_host.py"
-
-
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_host", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_dflash_stand_in_accepts_the_agreeing_prefix_and_the_next_target_token(

@@ -1,0 +1,73 @@
+"""The Python side of the kernels' CUDA path (`ops.py`'s wrappers, and `sglang.py`'s step
+through them), run on CPU through the extension's double (cuda_double.py): the buffers the
+wrappers hand the extension pass its checks and come back with the reference's values, and
+what one DDTREE step dispatches from the host, counted (issue 22: on the GPU lab's machine a
+dispatched call costs 9 to 16 µs of host time, GPU lab run 18)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import torch
+from cuda_double import Dispatched
+
+from ddtree_kernels import ops, reference
+
+
+@pytest.mark.parametrize("bs", [1, 3])
+def test_the_wrappers_cuda_path_gives_the_references_tree_walk_and_commit(
+    cuda_path_on_cpu: Dispatched, bs: int
+) -> None:
+    g = torch.Generator().manual_seed(bs)
+    logits = torch.randn(bs, 15, 512, generator=g)
+    top = ops.topk_logprobs(logits, 4)
+    want_top = reference.topk_logprobs(logits, 4)
+    assert torch.equal(top.ids, want_top.ids)
+    assert torch.allclose(top.logp, want_top.logp)
+    roots = torch.randint(0, 512, (bs,), generator=g)
+    prefix = torch.randint(5, 40, (bs,), generator=g)
+    tree = ops.build_tree(top.logp, top.ids, roots, prefix, 15, int(prefix.sum()))
+    want = reference.build_tree(want_top.logp, want_top.ids, roots, prefix, 15, int(prefix.sum()))
+    for got, expected in zip(tree, want, strict=True):
+        assert torch.equal(got, expected)
+    target = torch.randint(0, 512, (bs, 16), generator=g)
+    target[:, 0] = tree.tokens[:, 1]  # the root's child agrees: a path longer than the root
+    walk = ops.verify_walk(tree.tokens, tree.parents, target, 15)
+    for got, expected in zip(walk, reference.verify_walk(tree.tokens, tree.parents, target, 15),
+                             strict=True):  # fmt: skip
+        assert torch.equal(got, expected)
+    cache_loc = torch.arange(bs * 16).view(bs, 16) + 1000
+    commit = ops.commit_indices(walk.accept_index, cache_loc)
+    for got, expected in zip(commit, reference.commit_indices(walk.accept_index, cache_loc),
+                             strict=True):  # fmt: skip
+        assert torch.equal(got, expected)
+
+
+def test_a_dispatch_count_sees_each_kernel_op_once(cuda_path_on_cpu: Dispatched) -> None:
+    logits = torch.randn(2, 5, 64)
+    with cuda_path_on_cpu:
+        ops.topk_logprobs(logits, 3)
+    assert cuda_path_on_cpu.calls.count("ddtree.topk_logprobs") == 1
+    assert not any("sort" in call for call in cuda_path_on_cpu.calls)  # the reference's, inside
+
+
+@pytest.mark.parametrize("bs", [1, 8])
+def test_what_a_tree_step_dispatches_against_dflash(
+    bench: ModuleType, cuda_path_on_cpu: Dispatched, bs: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record, not a limit: the calls of one step of each mode, printed for the note (`-s`),
+    with the kernels' four ops each once in tree mode."""
+    runs = bench.steps(bench.Inputs(bs, torch.device("cpu"), 64, 512))
+    counts = {}
+    for name, run in runs.items():
+        run()
+        cuda_path_on_cpu.calls.clear()
+        with cuda_path_on_cpu:
+            run()
+        counts[name] = list(cuda_path_on_cpu.calls)
+    kernels = [c for c in counts["tree"] if c.startswith("ddtree.")]
+    assert kernels == ["ddtree.topk_logprobs", "ddtree.build_tree", "ddtree.verify_walk",
+                       "ddtree.commit_indices"]  # fmt: skip
+    with capsys.disabled():
+        print(f"\nbs {bs}: " + ", ".join(f"{n} {len(c)}" for n, c in counts.items()))
