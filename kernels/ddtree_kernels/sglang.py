@@ -968,7 +968,10 @@ def host_prefix_sum(
 @dataclass
 class Step:
     """One verify step of DDTREE: the tree verified (shadow_linear: DFLASH's chain as a tree),
-    the KV slots [bs, W] its nodes are verified in, and, once accepted, the path's nodes."""
+    the KV slots [bs, W] its nodes are verified in, and, once accepted, the path's nodes in tree
+    mode. A chain's path is its own first nodes, which is what the release's chain code (its
+    commit, its recurrent-state commit) already assumes, so a chain keeps none: a set that asks
+    `accept_index` for its Mamba commit runs DFLASH's own there, with no steps of ours."""
 
     tree: Tree
     mode: str
@@ -992,14 +995,15 @@ class Step:
         self, next_token_logits: torch.Tensor, sample: Callable[[], SampledWalk] | None = None
     ) -> tuple[torch.Tensor, ...]:
         """DFLASH's five accept outputs over the tree (`accept_tree`, paths of at most B nodes;
-        `sample`: `tree_sampler`'s, None for greedy); the path's nodes are kept for `commit`."""
-        *outputs, self.accept_index = accept_tree(
+        `sample`: `tree_sampler`'s, None for greedy); a tree's path nodes are kept for `commit`."""
+        *outputs, nodes = accept_tree(
             tree=self.tree,
             next_token_logits=next_token_logits,
             path_len=self.block_size,
             prefix_lens=self.prefix_lens,
             sample=sample,
         )
+        self._keep_path(nodes)
         return tuple(outputs)
 
     def accept_target(self, target_tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -1009,8 +1013,12 @@ class Step:
         nodes, accept_len, tokens, bonus = walk_tree(
             self.tree.tokens, self.tree.parents, target_tokens, self.block_size
         )
-        self.accept_index = nodes
+        self._keep_path(nodes)
         return accept_outputs(accept_len, tokens, bonus, self.prefix_lens)
+
+    def _keep_path(self, nodes: torch.Tensor) -> None:
+        """The accepted path's nodes [bs, A] in tree mode; a chain keeps none (see the class)."""
+        self.accept_index = nodes if self.mode == "tree" else None
 
     def sampler(
         self,

@@ -1042,7 +1042,7 @@ def _greedy_step(
     logits: torch.Tensor,
     hidden: torch.Tensor | None,
     windows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-) -> None:
+) -> S.Step:
     """One greedy step through a worker's hooks: step, verify input, accept, commit."""
     block_cache_loc, req_to_token, req_pool_indices = windows
     step = verifier.step(
@@ -1052,6 +1052,7 @@ def _greedy_step(
     step.verify_input(SimpleNamespace)
     step.accept(logits)
     step.commit(lambda tgt, src: None, hidden)
+    return step
 
 
 def _launches(recorder: _SyncRecorder) -> list[str]:
@@ -1075,6 +1076,35 @@ def test_a_shadow_linear_step_launches_only_the_walk_and_few_ops(recorder: _Sync
             _greedy_step(verifier, None, draft_tokens, prefix, logits, None, windows)
     assert recorder.kernels == ["verify_walk"]
     assert len(_launches(recorder)) <= SHADOW_STEP_HOST_OPS, _launches(recorder)
+
+
+@pytest.mark.parametrize("mode", ["shadow_linear", "tree"])
+def test_only_a_tree_step_adds_recurrent_state_steps(recorder: _SyncRecorder, mode: str) -> None:
+    """Issue 22 (the hybrid target): a set commits Mamba state through `mamba_steps` only when
+    the step kept a path (`accept_index=ddtree_step.accept_index`, then `if accept_index is not
+    None`). A chain keeps none, so shadow_linear's recurrent-state commit is DFLASH's own, with
+    no launch of ours (three to seven before, with tracking); a tree keeps its path and its
+    commit follows it."""
+    bs, block = 2, 8
+    verifier = _verifier(mode, block - 1, block, block)
+    prefix = torch.tensor([4, 9])
+    chain = torch.randint(0, 40, (bs, block), generator=torch.Generator().manual_seed(5))
+    tree = None if mode == "shadow_linear" else S.chain_tree(chain, prefix)
+    logits = torch.randn(bs * block, 40, generator=torch.Generator().manual_seed(6))
+    logits[:, 7] += 100.0  # the target always picks 7: a path of the root and node 1
+    chain[:, 1], chain[:, 2] = 7, 8
+    step = _greedy_step(verifier, tree, chain, prefix, logits, None, _windows(bs, block))
+    commit_lens = torch.tensor([2, 2], dtype=torch.int32)
+    with recorder:  # the set's hook, as every worker-v2 set calls it
+        if step.accept_index is not None:
+            S.mamba_steps(step.accept_index, commit_lens, torch.tensor([1, -1]))
+    if mode == "shadow_linear":
+        assert step.accept_index is None
+        assert recorder.ops == []
+    else:
+        assert step.accept_index is not None
+        assert step.accept_index[:, :3].tolist() == [[0, 1, -1], [0, 1, -1]]
+        assert _launches(recorder)
 
 
 # The same count for a greedy tree step at full width (budget 7, width 8 = the block): the draft

@@ -498,7 +498,7 @@ def shadow_equals_dflash():
     hidden = torch.randn(3 * width, 4, generator=g)
     out = {}
     # A chain's path is its first nodes: shadow_linear reorders no rows (issue 22's host cost).
-    reorders = []
+    reorders, kept_paths = [], []
     path_rows = ddtree.path_rows
     ddtree.path_rows = lambda *a, **kw: reorders.append(1) or path_rows(*a, **kw)
     for page_size in (1, 4):
@@ -530,6 +530,8 @@ def shadow_equals_dflash():
                         )
                     prepare(vi, batch, page_size, True)
                     res = run_verify(vi, batch, logits, hidden, page_size)
+                    if algo == "DDTREE" and vi.accept_index is not None:
+                        kept_paths.append(1)  # what the worker's Mamba commit would follow
                     res["mask"] = vi.custom_mask.tolist()
                     results.append(res)
                 key = f"p{page_size}-{'sampled' if sampled else 'greedy'}-max{max_new[1]}"
@@ -540,6 +542,7 @@ def shadow_equals_dflash():
                 }
     ddtree.path_rows = path_rows
     out["reorders"] = len(reorders)
+    out["kept_paths"] = len(kept_paths)
     return out
 
 
