@@ -22,6 +22,7 @@ from ddtree_kernels.types import Commit, TopK, Tree, Walk
 
 __all__ = [
     "Backend",
+    "as_dtype",
     "backend_for",
     "build_tree",
     "check_tree_limits",
@@ -71,6 +72,13 @@ def backend_for(tensor: torch.Tensor) -> Backend:
     return Backend.REFERENCE
 
 
+def as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` in `dtype`: itself where it already is. `Tensor.to` returns the same tensor then
+    too, but only after a trip through torch's dispatcher, a few µs of host time in a step that
+    is host-bound at batch 1 (issue 22)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
 def topk_logprobs(logits: torch.Tensor, k: int) -> TopK:
     """Top-k log-probs of each row of `logits` [..., V] (bf16/fp16/fp32); see the reference.
 
@@ -81,10 +89,12 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> TopK:
     if not 1 <= k <= logits.shape[-1]:
         raise ValueError(f"k={k} must be in [1, vocab={logits.shape[-1]}]")
     lead, vocab = logits.shape[:-1], logits.shape[-1]
-    rows = logits.reshape(-1, vocab)
+    rows = logits if logits.dim() == 2 else logits.reshape(-1, vocab)
     logp = torch.empty(rows.shape[0], k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(rows.shape[0], k, dtype=torch.int64, device=logits.device)
     torch.ops.ddtree.topk_logprobs(rows, k, logp, ids)
+    if logits.dim() == 2:  # the draft head's rows: the outputs have their shape already
+        return TopK(logp, ids)
     return TopK(logp.view(*lead, k), ids.view(*lead, k))
 
 
@@ -106,18 +116,17 @@ def build_tree(
     # Both paths get the layout the kernel declares: views (a column of the block ids) are
     # copied here, once, rather than refused by one backend and accepted by the other.
     logp, ids = logp.contiguous(), ids.contiguous()
-    root_tokens = root_tokens.to(torch.int64).contiguous()
-    prefix_lens = prefix_lens.to(torch.int64).contiguous()
+    root_tokens = as_dtype(root_tokens, torch.int64).contiguous()
+    prefix_lens = as_dtype(prefix_lens, torch.int64).contiguous()
     if backend_for(logp) is Backend.REFERENCE:
         return reference.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_lens_sum)
     reference.check_tree_inputs(logp, ids, root_tokens, prefix_lens, budget)
     batch, n, dev = logp.shape[0], budget + 1, logp.device
-
-    def index_out() -> torch.Tensor:
-        return torch.empty(batch, n, dtype=torch.int64, device=dev)
-
-    tokens, parents, depths, positions = index_out(), index_out(), index_out(), index_out()
-    next_token, next_sibling, retrieve_index = index_out(), index_out(), index_out()
+    # The seven [B, N] outputs as rows of one allocation: one call where seven would each pass
+    # the dispatcher and the caching allocator (issue 22's host time); each row is contiguous.
+    (tokens, parents, depths, positions, next_token, next_sibling, retrieve_index) = torch.empty(
+        7, batch, n, dtype=torch.int64, device=dev
+    ).unbind(0)
     ancestor_mask = torch.empty(batch, n, n, dtype=torch.bool, device=dev)
     num_nodes = torch.empty(batch, dtype=torch.int64, device=dev)
     mask_numel = 0 if prefix_lens_sum is None else custom_mask_numel(prefix_lens_sum, batch, budget)
@@ -161,10 +170,15 @@ def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor) -> Commi
     """
     if backend_for(accept_index) is Backend.REFERENCE:
         return reference.commit_indices(accept_index, cache_loc)
-    src = torch.empty_like(accept_index)
-    dst, hidden_rows = torch.empty_like(src), torch.empty_like(src)
+    src, dst, hidden_rows = torch.empty(
+        3, *accept_index.shape, dtype=torch.int64, device=accept_index.device
+    ).unbind(0)  # one allocation, as build_tree's outputs
     torch.ops.ddtree.commit_indices(
-        accept_index.contiguous(), cache_loc.to(torch.int64).contiguous(), src, dst, hidden_rows
+        accept_index.contiguous(),
+        as_dtype(cache_loc, torch.int64).contiguous(),
+        src,
+        dst,
+        hidden_rows,
     )
     return Commit(src, dst, hidden_rows)
 

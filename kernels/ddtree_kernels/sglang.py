@@ -339,7 +339,8 @@ def draft_topk_logprobs(
     if k > num_org:
         raise ValueError(f"DDTREE top-k {k} exceeds the lm_head shard ({num_org}).")
     if tp == 1 and 0 < n <= chunk_size:  # a decode step's draft: no output buffers to fill
-        top = ops.topk_logprobs(torch.matmul(hidden_states.to(weight.dtype), weight[:num_org].T), k)
+        head = weight if num_org == weight.shape[0] else weight[:num_org]
+        top = ops.topk_logprobs(torch.matmul(ops.as_dtype(hidden_states, weight.dtype), head.T), k)
         return top.logp, top.ids + org_vocab_start if org_vocab_start else top.ids
     logp_out = torch.empty((n, k), dtype=torch.float32, device=device)
     ids_out = torch.empty((n, k), dtype=torch.int64, device=device)
@@ -564,10 +565,10 @@ def chain_tree(draft_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> Tree:
         _chain_links(int(bs), int(width), device)
     )
     return Tree(
-        tokens=draft_tokens.to(torch.int64),
+        tokens=ops.as_dtype(draft_tokens, torch.int64),
         parents=parents,
         depths=depths,
-        positions=prefix_lens.to(torch.int64).unsqueeze(1) + depths,
+        positions=ops.as_dtype(prefix_lens, torch.int64).unsqueeze(1) + depths,
         ancestor_mask=ancestor,
         retrieve_next_token=next_token,
         retrieve_next_sibling=next_sibling,
@@ -638,9 +639,9 @@ def accept_outputs(
     bonus int64, out_tokens [bs, A] int64 with the committed tokens first and 0 after,
     new_seq_lens)."""
     commit_lens = accept_len.to(torch.int32)
-    out_tokens = accept_tokens.to(torch.int64).clamp(min=0)
-    new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
-    return commit_lens - 1, commit_lens, bonus.to(torch.int64), out_tokens, new_seq_lens
+    out_tokens = ops.as_dtype(accept_tokens, torch.int64).clamp(min=0)
+    new_seq_lens = prefix_lens + ops.as_dtype(accept_len, prefix_lens.dtype)
+    return commit_lens - 1, commit_lens, ops.as_dtype(bonus, torch.int64), out_tokens, new_seq_lens
 
 
 # What a release's tree rejection sampler hook returns: (accepted drafts [bs], global
@@ -670,7 +671,7 @@ def accept_tree(
             predicts, accept_index[:, :path_len], correct_len, width
         )
     else:
-        target = torch.argmax(next_token_logits, dim=-1).view(bs, width).to(torch.int64)
+        target = torch.argmax(next_token_logits, dim=-1).view(bs, width)  # int64
         nodes, accept_len, accept_tokens, bonus = ops.verify_walk(
             tree.tokens, tree.parents, target, path_len - 1
         )
@@ -684,7 +685,7 @@ def kv_move_pairs(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, t
     """Flat (target, source) slot lists for SGLang's `move_kv_cache` from `commit_indices`'
     [bs, A] src/dst; padding entries (-1) become the root's slot moved onto itself, so nothing
     is filtered on the host (no sync)."""
-    root = dst[:, :1].expand_as(dst)
+    root = dst[:, :1]  # broadcast along each row
     keep = src >= 0
     return torch.where(keep, dst, root).reshape(-1), torch.where(keep, src, root).reshape(-1)
 
@@ -886,7 +887,7 @@ def walk_tree(
     """The kernels' walk [bs, path_len] over the target's token at every node (`target_tokens`
     [bs, W]: its argmax, or `sample_target_tokens`), for a hook that picks those tokens itself;
     `accept_tree` is the same walk over the argmax in DFLASH's accept outputs."""
-    return ops.verify_walk(tokens, parents, target_tokens.to(torch.int64), path_len - 1)
+    return ops.verify_walk(tokens, parents, ops.as_dtype(target_tokens, torch.int64), path_len - 1)
 
 
 def _path_row_keys(
