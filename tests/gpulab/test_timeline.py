@@ -169,6 +169,39 @@ def _serve(handler: type) -> http.server.ThreadingHTTPServer:
     return httpd
 
 
+def _profile_both(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    handlers: tuple[type, type],
+    logs: dict[str, Path],
+    *,
+    quiet_s: float,
+    saved: list[list[str]] | None = None,
+) -> dict[str, object]:
+    """The lab's `profile_servers` over two served `handlers` (dflash, then ddtree_shadow), its
+    waits shortened (PROFILE_WAIT_S 10 s, PROFILE_QUIET_S `quiet_s`); the timelines it kept,
+    and in `saved` what each save held."""
+    servers = {
+        name: _serve(h) for name, h in zip(("dflash", "ddtree_shadow"), handlers, strict=True)
+    }
+    real_sleep = time.sleep
+    monkeypatch.setattr(run.time, "sleep", lambda s: real_sleep(min(s, 0.2)))
+    monkeypatch.setattr(run, "PROFILE_WAIT_S", 10)
+    monkeypatch.setattr(run, "PROFILE_QUIET_S", quiet_s)
+    lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
+    lab.api_key = "k"
+    live = {name: run.Server(name, None, httpd.server_address[1], logs[name], 0.0)  # type: ignore[arg-type]
+            for name, httpd in servers.items()}  # fmt: skip
+    timelines: dict[str, object] = {}
+    record = saved if saved is not None else []
+    try:
+        run.profile_servers(lab, live, timelines, lambda: record.append(list(timelines)))
+    finally:
+        for httpd in servers.values():
+            httpd.shutdown()
+    return timelines
+
+
 def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -180,22 +213,8 @@ def test_the_lab_profiles_live_servers_and_keeps_their_timelines(
     logs = {name: tmp_path / f"{name}.log" for name in ("dflash", "ddtree_shadow")}
     second = _profiled(worker, None, logs["ddtree_shadow"])
     first = _profiled(worker, second.generated, logs["dflash"])
-    servers = {"dflash": _serve(first), "ddtree_shadow": _serve(second)}
-    real_sleep = time.sleep
-    monkeypatch.setattr(run.time, "sleep", lambda s: real_sleep(min(s, 0.2)))
-    monkeypatch.setattr(run, "PROFILE_WAIT_S", 10)
-    monkeypatch.setattr(run, "PROFILE_QUIET_S", 1)
-    lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
-    lab.api_key = "k"
-    live = {name: run.Server(name, None, httpd.server_address[1], logs[name], 0.0)  # type: ignore[arg-type]
-            for name, httpd in servers.items()}  # fmt: skip
-    timelines: dict[str, object] = {}
     saved: list[list[str]] = []
-    try:
-        run.profile_servers(lab, live, timelines, lambda: saved.append(list(timelines)))
-    finally:
-        for httpd in servers.values():
-            httpd.shutdown()
+    timelines = _profile_both(tmp_path, monkeypatch, (first, second), logs, quiet_s=1, saved=saved)
     for handler in (first, second):
         assert [path for path, _ in handler.requests] == ["/start_profile", "/generate"]
         start = handler.requests[0][1]
@@ -228,20 +247,7 @@ def test_a_server_is_not_recorded_while_the_one_before_exports(
     logs = {name: tmp_path / f"{name}.log" for name in ("dflash", "ddtree_shadow")}
     first = _profiled(worker, None, logs["dflash"], export_s=1.0)
     second = _profiled(worker, None, logs["ddtree_shadow"])
-    servers = {"dflash": _serve(first), "ddtree_shadow": _serve(second)}
-    real_sleep = time.sleep
-    monkeypatch.setattr(run.time, "sleep", lambda s: real_sleep(min(s, 0.2)))
-    monkeypatch.setattr(run, "PROFILE_WAIT_S", 10)
-    monkeypatch.setattr(run, "PROFILE_QUIET_S", 8)
-    lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
-    live = {name: run.Server(name, None, httpd.server_address[1], logs[name], 0.0)  # type: ignore[arg-type]
-            for name, httpd in servers.items()}  # fmt: skip
-    timelines: dict[str, object] = {}
-    try:
-        run.profile_servers(lab, live, timelines, lambda: None)
-    finally:
-        for httpd in servers.values():
-            httpd.shutdown()
+    timelines = _profile_both(tmp_path, monkeypatch, (first, second), logs, quiet_s=8)
     assert first.exported_at and second.asked_at  # type: ignore[attr-defined]
     assert first.exported_at[0] < min(second.asked_at)  # type: ignore[attr-defined]
     shadow = timelines["ddtree_shadow"]
