@@ -110,7 +110,9 @@ def _ranked(totals: dict[str, float], steps: int, top: int) -> list[tuple[str, f
 
 def _kernel_name(name: str) -> str:
     """A kernel's name without its template and call arguments, e.g. "void
-    flashinfer::BatchPrefillWithPagedKVCacheKernel<...>(...)" is listed by what precedes "<"."""
+    flashinfer::BatchPrefillWithPagedKVCacheKernel<...>(...)" is listed by what precedes "<"
+    (an anonymous namespace is dropped first: its "(" is not an argument list)."""
+    name = name.replace("(anonymous namespace)::", "")
     cut = min((i for i in (name.find("<"), name.find("(")) if i > 0), default=len(name))
     return name[:cut].removeprefix("void ").strip()[:KERNEL_NAME_CHARS]
 
