@@ -160,8 +160,8 @@ def median_interval(
 def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
     """Per concurrency and server: tok/s and step ms round by round, its gate verdicts, and its
     speed over DFLASH as the median of the rounds' paired tok/s ratios, their range beside it
-    and, from six rounds, the median's 95% interval: whether a 1% difference is resolved at
-    all (the control's, --control, is the lab's own spread between identical servers), and what its
+    and, from six rounds, the median's 95% interval: whether a 1% difference is resolved at all
+    (the control's, --control, is the lab's own spread between identical servers), and what its
     verify step costs over DFLASH's (ms, the median of paired rounds: issue 22's measure; with
     more requests in flight than a server runs, a request's step time includes its queueing,
     so there only tok/s compares). Round 0 is shown but
@@ -187,11 +187,13 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
             warm = [r for r in rounds if r > 0] or rounds
             ratios = [runs[name][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"]
                       for r in warm]  # fmt: skip
-            spread = f" ({min(ratios):.3f}-{max(ratios):.3f}" if len(set(ratios)) > 1 else ""
-            interval = median_interval(ratios) if spread else None
-            if interval is not None:
-                spread += f"; {interval[0]:.3f}-{interval[1]:.3f}"
-            spread += ")" if spread else ""
+            spread = ""
+            if len(set(ratios)) > 1:
+                spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+                interval = median_interval(ratios)
+                if interval is not None:
+                    spread += f"; {interval[0]:.3f}-{interval[1]:.3f}"
+                spread = f" ({spread})"
             steps = [runs[name][r]["step_ms"] - runs["dflash"][r]["step_ms"] for r in warm
                      if runs[name][r].get("step_ms") and runs["dflash"][r].get("step_ms")]  # fmt: skip
             step_cost = f"{statistics.median(steps):+.2f}" if steps else "-"
