@@ -36,9 +36,15 @@ class Dispatched(TorchDispatchMode):
 
 
 def _check_out(t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """The extension's `check_out`, which it applies to inputs and outputs alike."""
     assert t.dtype == dtype, f"extension refuses dtype {t.dtype}, wants {dtype}"
     assert tuple(t.shape) == shape, f"extension refuses shape {tuple(t.shape)}, wants {shape}"
-    assert t.is_contiguous(), "extension refuses a non-contiguous output"
+    assert t.is_contiguous(), "extension refuses a non-contiguous tensor"
+
+
+def _rows(logits: torch.Tensor) -> None:
+    assert logits.dim() == 2, "extension refuses logits that are not [R, V]"
+    assert logits.stride(1) == 1, "extension refuses logits whose rows are not contiguous"
 
 
 def _fill(outs: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]) -> None:
@@ -46,14 +52,18 @@ def _fill(outs: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]) -> N
         out.copy_(value)
 
 
-def _topk_logprobs(rows: torch.Tensor, k: int, logp: torch.Tensor, ids: torch.Tensor) -> None:
-    _check_out(logp, torch.float32, (rows.shape[0], k))
-    _check_out(ids, torch.int64, (rows.shape[0], k))
-    _fill((logp, ids), tuple(reference.topk_logprobs(rows, k)))
+def _topk_logprobs(logits: torch.Tensor, k: int, logp: torch.Tensor, ids: torch.Tensor) -> None:
+    _rows(logits)
+    _check_out(logp, torch.float32, (logits.shape[0], k))
+    _check_out(ids, torch.int64, (logits.shape[0], k))
+    _fill((logp, ids), tuple(reference.topk_logprobs(logits, k)))
 
 
 def _build_tree(logp: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tensor,
                 prefix_lens: torch.Tensor, budget: int, *outs: torch.Tensor) -> None:  # fmt: skip
+    assert logp.dim() == 3, "extension refuses logp that is not [B, L, K]"
+    _check_out(logp, torch.float32, tuple(logp.shape))
+    _check_out(ids, torch.int64, tuple(logp.shape))
     batch, n = logp.shape[0], budget + 1
     for t in (root_tokens, prefix_lens):
         _check_out(t, torch.int64, (batch,))
@@ -62,21 +72,32 @@ def _build_tree(logp: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tensor
         _check_out(t, torch.int64, (batch, n))
     _check_out(ancestor, torch.bool, (batch, n, n))
     _check_out(num_nodes, torch.int64, (batch,))
-    prefix_sum = int(prefix_lens.sum()) if custom_mask.numel() else None
-    tree = reference.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_sum)
-    _fill(outs if custom_mask.numel() else outs[:-1], tree if custom_mask.numel() else tree[:-1])
+    _check_out(custom_mask, torch.bool, (custom_mask.numel(),))  # flat
+    with_mask = custom_mask.numel() > 0  # sized by the caller from the host prefix sum
+    tree = reference.build_tree(logp, ids, root_tokens, prefix_lens, budget,
+                                int(prefix_lens.sum()) if with_mask else None)  # fmt: skip
+    _fill(outs if with_mask else outs[:-1], tuple(tree) if with_mask else tuple(tree)[:-1])
 
 
 def _verify_walk(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor,
                  *outs: torch.Tensor) -> None:  # fmt: skip
+    batch, n = tokens.shape
+    for t in (tokens, parents, target):
+        _check_out(t, torch.int64, (batch, n))
     accept_index, accept_len, accept_tokens, bonus = outs
-    walk = reference.verify_walk(tokens, parents, target, accept_index.shape[1] - 1)
-    _fill((accept_index, accept_len, accept_tokens, bonus), tuple(walk))
+    width = accept_index.shape[1]
+    for t in (accept_index, accept_tokens):
+        _check_out(t, torch.int64, (batch, width))
+    for t in (accept_len, bonus):
+        _check_out(t, torch.int64, (batch,))
+    _fill(outs, tuple(reference.verify_walk(tokens, parents, target, width - 1)))
 
 
 def _commit_indices(
     accept_index: torch.Tensor, cache_loc: torch.Tensor, *outs: torch.Tensor
 ) -> None:
+    _check_out(accept_index, torch.int64, tuple(accept_index.shape))
+    _check_out(cache_loc, torch.int64, tuple(cache_loc.shape))
     for out in outs:
         _check_out(out, torch.int64, tuple(accept_index.shape))
     _fill(outs, tuple(reference.commit_indices(accept_index, cache_loc)))
@@ -84,6 +105,9 @@ def _commit_indices(
 
 def _sample_tokens(logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor,
                    out: torch.Tensor) -> None:  # fmt: skip
+    _rows(logits)
+    for t in (temperatures, uniforms):
+        _check_out(t, torch.float32, (logits.shape[0],))
     _check_out(out, torch.int64, (logits.shape[0],))
     out.copy_(reference.sample_tokens(logits, temperatures, uniforms))
 

@@ -93,3 +93,17 @@ def test_as_dtype_dispatches_only_a_real_conversion(cuda_path_on_cpu: Dispatched
     assert other.dtype == torch.int32
     assert other.tolist() == [0, 1, 2]
     assert len(cuda_path_on_cpu.calls) == 1
+
+
+def test_the_double_refuses_what_the_extension_refuses(cuda_path_on_cpu: Dispatched) -> None:
+    """Its checks can fail: a buffer laid out other than the extension declares is refused, as
+    `check_out` refuses it on the GPU."""
+    accept_index = torch.tensor([[0, 1, -1]])
+    cache_loc = torch.tensor([[5, 6, 7]])
+    good = [torch.empty(1, 3, dtype=torch.int64) for _ in range(3)]
+    torch.ops.ddtree.commit_indices(accept_index, cache_loc, *good)
+    strided = torch.empty(1, 6, dtype=torch.int64)[:, ::2]  # [1, 3], every other element
+    with pytest.raises(AssertionError, match="non-contiguous"):
+        torch.ops.ddtree.commit_indices(accept_index, cache_loc, good[0], strided, good[2])
+    with pytest.raises(AssertionError, match="dtype"):
+        torch.ops.ddtree.commit_indices(accept_index, cache_loc.int(), *good)
