@@ -1,8 +1,8 @@
 """TEST DOUBLE for the CUDA extension on a machine without a GPU: `torch.ops.ddtree`'s five ops
-done by the torch reference on CPU tensors, after the checks the extension makes of its output
-buffers (dtype, shape, contiguity: `check_out` in csrc/common.cuh), so the Python wrappers'
-CUDA path in `ops.py` runs, and is counted, on CPU. It says nothing of the kernels themselves
-(test_cuda_ops.py compares those on the GPU).
+done by the torch reference on CPU tensors, after the checks the extension makes of its inputs
+and output buffers (dtype, shape, contiguity: `check_out` in csrc/common.cuh), so the Python
+wrappers' CUDA path in `ops.py` runs, and is counted, on CPU. It says nothing of the kernels
+themselves (test_cuda_ops.py compares those on the GPU).
 
 Each op counts as one dispatched call, as on the GPU, where it is one custom op; what the
 reference does inside is not counted (`Dispatched.paused`).

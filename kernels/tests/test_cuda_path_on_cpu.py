@@ -2,7 +2,8 @@
 through them), run on CPU through the extension's double (cuda_double.py): the buffers the
 wrappers hand the extension pass its checks and come back with the reference's values, and
 what one DDTREE step dispatches from the host, counted (issue 22: on the GPU lab's machine a
-dispatched call costs 9 to 16 µs of host time, GPU lab run 18)."""
+dispatched call costs roughly 9 to 16 µs of host time, GPU lab run 18's bench over these
+counts)."""
 
 from __future__ import annotations
 
