@@ -57,6 +57,8 @@ try:
     if ops.backend_for(x) is not want_backend:
         out["failures"].append(f"ops take the {ops.backend_for(x).value} path on {dev}")
     same("topk_logprobs", ops.topk_logprobs(x, 4), reference.topk_logprobs(logits, 4), ("logp",))
+    same("topk_logprobs[B, L, V]", ops.topk_logprobs(x.view(2, 3, 1000), 4),
+         reference.topk_logprobs(logits.view(2, 3, 1000), 4), ("logp",))
     draft = torch.log_softmax(torch.randn(3, 5, 6, generator=gen) * 2, -1).topk(4, dim=-1)
     roots = torch.tensor([1, 2, 3])
     prefix = torch.tensor([0, 7, 19])
@@ -69,8 +71,9 @@ try:
     want_walk = reference.verify_walk(want_tree.tokens, want_tree.parents, target, 5)
     same("verify_walk", walk, want_walk)
     cache_loc = torch.randperm(3 * 13, generator=gen).view(3, 13)
-    same("commit_indices", ops.commit_indices(walk.accept_index, cache_loc.to(dev)),
-         reference.commit_indices(want_walk.accept_index, cache_loc))
+    rows = 3 * 13 + 5  # the verify rows with trailing alignment padding
+    same("commit_indices", ops.commit_indices(walk.accept_index, cache_loc.to(dev), rows),
+         reference.commit_indices(want_walk.accept_index, cache_loc, rows))
     temps, uniforms = torch.zeros(6), torch.rand(6, generator=gen)
     got = ops.sample_tokens(x, temps.to(dev), uniforms.to(dev))
     if not torch.equal(got.cpu(), reference.sample_tokens(logits, temps, uniforms)):

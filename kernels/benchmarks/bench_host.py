@@ -128,24 +128,25 @@ def quantiles(samples: list[float]) -> str:
     return f"{statistics.median(samples):.1f} [{q[1]:.1f}-{q[7]:.1f}]"
 
 
-class _Dispatched(TorchDispatchMode):
-    """Counts the calls that reach torch's dispatcher (each is host work in the step)."""
+class Dispatched(TorchDispatchMode):
+    """The calls that reach torch's dispatcher, by name: each is host work in the step (an
+    extension op is one call; what its kernel does inside is not dispatched)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
+        self.calls: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.calls += 1
+        self.calls.append(str(func).removesuffix(".default"))
         return func(*args, **(kwargs or {}))
 
 
 def dispatched_ops(run: Callable[[], object]) -> int:
     """The ops one step of `run` dispatches, after a step that builds its per-shape constants."""
     run()
-    with _Dispatched() as counter:
+    with Dispatched() as counter:
         run()
-    return counter.calls
+    return len(counter.calls)
 
 
 def time_step(run: Callable[[], object], reps: int, cuda: bool) -> tuple[list[float], list[float]]:

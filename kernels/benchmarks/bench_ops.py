@@ -213,8 +213,8 @@ def check_against_reference(gen: torch.Generator) -> list[str]:
     bad += [f"walk {f}" for f, a, b in zip(walk._fields, walk, ref_walk, strict=True)
             if not torch.equal(a, b)]  # fmt: skip
     cache_loc = torch.arange(batch * (budget + 1), device="cuda").view(batch, -1)
-    commit = ops.commit_indices(walk.accept_index, cache_loc)
-    ref_commit = reference.commit_indices(ref_walk.accept_index, cache_loc)
+    commit = ops.commit_indices(walk.accept_index, cache_loc, cache_loc.numel())
+    ref_commit = reference.commit_indices(ref_walk.accept_index, cache_loc, cache_loc.numel())
     bad += [f"commit {f}" for f, a, b in zip(commit._fields, commit, ref_commit, strict=True)
             if not torch.equal(a, b)]  # fmt: skip
     return bad
@@ -262,13 +262,13 @@ def bench_step(
 
     def ours_walk() -> object:
         walk = ops.verify_walk(tree.tokens, tree.parents, target, MAX_DEPTH)
-        return ops.commit_indices(walk.accept_index, cache_loc)
+        return ops.commit_indices(walk.accept_index, cache_loc, cache_loc.numel())
 
     def ours_step() -> object:
         tk = ops.topk_logprobs(x.logits, k)
         t = ops.build_tree(tk.logp, tk.ids, x.roots, x.prefix, budget, x.prefix_sum)
         walk = ops.verify_walk(t.tokens, t.parents, target, MAX_DEPTH)
-        return ops.commit_indices(walk.accept_index, cache_loc)
+        return ops.commit_indices(walk.accept_index, cache_loc, cache_loc.numel())
 
     ours = (
         timer.gpu(lambda: ops.build_tree(topk.logp, topk.ids, x.roots, x.prefix, budget,

@@ -66,8 +66,9 @@ inline void check_cuda(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), "ddtree: ", name, " must be a CUDA tensor");
 }
 
-inline void check_out(const at::Tensor& t, const char* name, at::ScalarType dtype,
-                      at::IntArrayRef shape) {
+// An input's dtype, shape and layout, as the kernels read it.
+inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype,
+                         at::IntArrayRef shape) {
   check_cuda(t, name);
   TORCH_CHECK(t.scalar_type() == dtype, "ddtree: ", name, " must be ", dtype, ", got ", t.scalar_type());
   TORCH_CHECK(t.sizes() == shape, "ddtree: ", name, " must have shape ", shape, ", got ", t.sizes());

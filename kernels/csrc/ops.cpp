@@ -1,24 +1,26 @@
-// Op schemas (torch.ops.ddtree.*) and their CUDA implementations. Outputs are preallocated by the
-// caller and written in place, so the ops allocate nothing but scratch and capture in CUDA graphs.
+// Op schemas (torch.ops.ddtree.*) and their CUDA implementations. Each op allocates its outputs
+// itself (on the current stream, through the caching allocator, so a step still captures in a CUDA
+// graph) and returns them: one Python call per op, where an out= schema made the caller dispatch
+// an allocation per output first (issue 22: a host-bound step pays each dispatch, ~10 us).
 #include <Python.h>
 #include <torch/library.h>
 
 #include "ops.h"
 
 TORCH_LIBRARY(ddtree, m) {
-  m.def("topk_logprobs(Tensor logits, int k, Tensor(a!) logp, Tensor(b!) ids) -> ()");
+  m.def("topk_logprobs(Tensor logits, int k) -> (Tensor logp, Tensor ids)");
   m.def(
       "build_tree(Tensor logp, Tensor ids, Tensor root_tokens, Tensor prefix_lens, int budget, "
-      "Tensor(a!) tokens, Tensor(b!) parents, Tensor(c!) depths, Tensor(d!) positions, "
-      "Tensor(e!) ancestor_mask, Tensor(f!) next_token, Tensor(g!) next_sibling, "
-      "Tensor(h!) retrieve_index, Tensor(i!) num_nodes, Tensor(j!) custom_mask) -> ()");
+      "int mask_numel) -> (Tensor tokens, Tensor parents, Tensor depths, Tensor positions, "
+      "Tensor ancestor_mask, Tensor next_token, Tensor next_sibling, Tensor retrieve_index, "
+      "Tensor num_nodes, Tensor custom_mask)");
   m.def(
-      "verify_walk(Tensor tokens, Tensor parents, Tensor target_tokens, Tensor(a!) accept_index, "
-      "Tensor(b!) accept_len, Tensor(c!) accept_tokens, Tensor(d!) bonus) -> ()");
+      "verify_walk(Tensor tokens, Tensor parents, Tensor target_tokens, int width) -> "
+      "(Tensor accept_index, Tensor accept_len, Tensor accept_tokens, Tensor bonus)");
   m.def(
-      "commit_indices(Tensor accept_index, Tensor cache_loc, Tensor(a!) src, Tensor(b!) dst, "
-      "Tensor(c!) hidden_rows) -> ()");
-  m.def("sample_tokens(Tensor logits, Tensor temperatures, Tensor uniforms, Tensor(a!) out) -> ()");
+      "commit_indices(Tensor accept_index, Tensor cache_loc, int rows) -> "
+      "(Tensor kv_target, Tensor kv_source, Tensor row_order)");
+  m.def("sample_tokens(Tensor logits, Tensor temperatures, Tensor uniforms) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {

@@ -1,31 +1,29 @@
-// Host entry points of the DDTree CUDA ops (registered as torch.ops.ddtree.* in ops.cpp).
+// Host entry points of the DDTree CUDA ops (registered as torch.ops.ddtree.* in ops.cpp). Each
+// checks its inputs, allocates its outputs and launches on the current stream.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+
 namespace ddtree {
 
-void topk_logprobs_cuda(const at::Tensor& logits, int64_t k, const at::Tensor& logp,
-                        const at::Tensor& ids);
+std::tuple<at::Tensor, at::Tensor> topk_logprobs_cuda(const at::Tensor& logits, int64_t k);
 
-void build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Tensor& root_tokens,
-                     const at::Tensor& prefix_lens, int64_t budget, const at::Tensor& tokens,
-                     const at::Tensor& parents, const at::Tensor& depths,
-                     const at::Tensor& positions, const at::Tensor& ancestor_mask,
-                     const at::Tensor& next_token, const at::Tensor& next_sibling,
-                     const at::Tensor& retrieve_index, const at::Tensor& num_nodes,
-                     const at::Tensor& custom_mask);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor, at::Tensor, at::Tensor>
+build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Tensor& root_tokens,
+                const at::Tensor& prefix_lens, int64_t budget, int64_t mask_numel);
 
-void verify_walk_cuda(const at::Tensor& tokens, const at::Tensor& parents,
-                      const at::Tensor& target_tokens, const at::Tensor& accept_index,
-                      const at::Tensor& accept_len, const at::Tensor& accept_tokens,
-                      const at::Tensor& bonus);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_walk_cuda(
+    const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_tokens,
+    int64_t width);
 
-void commit_indices_cuda(const at::Tensor& accept_index, const at::Tensor& cache_loc,
-                         const at::Tensor& src, const at::Tensor& dst,
-                         const at::Tensor& hidden_rows);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> commit_indices_cuda(const at::Tensor& accept_index,
+                                                                   const at::Tensor& cache_loc,
+                                                                   int64_t rows);
 
-void sample_tokens_cuda(const at::Tensor& logits, const at::Tensor& temperatures,
-                        const at::Tensor& uniforms, const at::Tensor& out);
+at::Tensor sample_tokens_cuda(const at::Tensor& logits, const at::Tensor& temperatures,
+                              const at::Tensor& uniforms);
 
 }  // namespace ddtree

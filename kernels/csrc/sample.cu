@@ -134,21 +134,22 @@ void launch(const at::Tensor& logits, const at::Tensor& temperatures, const at::
 
 }  // namespace
 
-void sample_tokens_cuda(const at::Tensor& logits, const at::Tensor& temperatures,
-                        const at::Tensor& uniforms, const at::Tensor& out) {
+at::Tensor sample_tokens_cuda(const at::Tensor& logits, const at::Tensor& temperatures,
+                              const at::Tensor& uniforms) {
   check_cuda(logits, "logits");
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "ddtree: logits must be [R, V] with contiguous rows");
   const int64_t rows = logits.size(0);
-  check_out(temperatures, "temperatures", at::kFloat, {rows});
-  check_out(uniforms, "uniforms", at::kFloat, {rows});
-  check_out(out, "out", at::kLong, {rows});
-  if (rows == 0) return;
+  check_tensor(temperatures, "temperatures", at::kFloat, {rows});
+  check_tensor(uniforms, "uniforms", at::kFloat, {rows});
   const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
+  if (rows == 0) return out;
   switch (in_kind(logits)) {
-    case InKind::F32: return launch<InKind::F32>(logits, temperatures, uniforms, out);
-    case InKind::BF16: return launch<InKind::BF16>(logits, temperatures, uniforms, out);
-    case InKind::F16: return launch<InKind::F16>(logits, temperatures, uniforms, out);
+    case InKind::F32: launch<InKind::F32>(logits, temperatures, uniforms, out); break;
+    case InKind::BF16: launch<InKind::BF16>(logits, temperatures, uniforms, out); break;
+    case InKind::F16: launch<InKind::F16>(logits, temperatures, uniforms, out); break;
   }
+  return out;
 }
 
 }  // namespace ddtree

@@ -605,21 +605,25 @@ void launch(const at::Tensor& logits, int k, const at::Tensor& logp, const at::T
 
 }  // namespace
 
-void topk_logprobs_cuda(const at::Tensor& logits, int64_t k, const at::Tensor& logp,
-                        const at::Tensor& ids) {
+std::tuple<at::Tensor, at::Tensor> topk_logprobs_cuda(const at::Tensor& logits, int64_t k) {
   check_cuda(logits, "logits");
-  TORCH_CHECK(logits.dim() == 2, "ddtree: logits must be [R, V]");
-  TORCH_CHECK(logits.stride(1) == 1, "ddtree: logits rows must be contiguous");
-  TORCH_CHECK(logits.size(1) < INT_MAX && logits.size(0) < INT_MAX, "ddtree: logits too large");
-  TORCH_CHECK(k >= 1 && k <= kMaxK && k <= logits.size(1), "ddtree: CUDA top-k needs 1 <= k <= 16 and k <= vocab, got ", k);
-  check_out(logp, "logp", at::kFloat, {logits.size(0), k});
-  check_out(ids, "ids", at::kLong, {logits.size(0), k});
+  TORCH_CHECK(logits.dim() >= 1, "ddtree: logits must be [..., V]");
+  const int64_t vocab = logits.size(-1);
+  const at::Tensor rows = logits.reshape({-1, vocab});  // a view where the layout allows
+  TORCH_CHECK(rows.stride(1) == 1, "ddtree: logits rows must be contiguous");
+  TORCH_CHECK(vocab < INT_MAX && rows.size(0) < INT_MAX, "ddtree: logits too large");
+  TORCH_CHECK(k >= 1 && k <= kMaxK && k <= vocab, "ddtree: CUDA top-k needs 1 <= k <= 16 and k <= vocab, got ", k);
+  std::vector<int64_t> shape = logits.sizes().vec();
+  shape.back() = k;  // [..., k], as the logits lead
   const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor logp = at::empty(shape, logits.options().dtype(at::kFloat));
+  at::Tensor ids = at::empty(shape, logits.options().dtype(at::kLong));
   switch (in_kind(logits)) {
-    case InKind::F32: return launch<InKind::F32>(logits, static_cast<int>(k), logp, ids);
-    case InKind::BF16: return launch<InKind::BF16>(logits, static_cast<int>(k), logp, ids);
-    case InKind::F16: return launch<InKind::F16>(logits, static_cast<int>(k), logp, ids);
+    case InKind::F32: launch<InKind::F32>(rows, static_cast<int>(k), logp, ids); break;
+    case InKind::BF16: launch<InKind::BF16>(rows, static_cast<int>(k), logp, ids); break;
+    case InKind::F16: launch<InKind::F16>(rows, static_cast<int>(k), logp, ids); break;
   }
+  return {logp, ids};
 }
 
 }  // namespace ddtree

@@ -245,13 +245,10 @@ int bits_for(int64_t v) {  // bits needed to store 0..v
 
 }  // namespace
 
-void build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Tensor& root_tokens,
-                     const at::Tensor& prefix_lens, int64_t budget, const at::Tensor& tokens,
-                     const at::Tensor& parents, const at::Tensor& depths,
-                     const at::Tensor& positions, const at::Tensor& ancestor_mask,
-                     const at::Tensor& next_token, const at::Tensor& next_sibling,
-                     const at::Tensor& retrieve_index, const at::Tensor& num_nodes,
-                     const at::Tensor& custom_mask) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor, at::Tensor, at::Tensor>
+build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Tensor& root_tokens,
+                const at::Tensor& prefix_lens, int64_t budget, int64_t mask_numel) {
   check_cuda(logp, "logp");
   TORCH_CHECK(logp.dim() == 3 && logp.scalar_type() == at::kFloat && logp.is_contiguous(),
               "ddtree: logp must be contiguous float32 [B, L, K]");
@@ -264,19 +261,24 @@ void build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Te
   const int rank_bits = std::max(1, bits_for(K - 1));
   TORCH_CHECK(L * rank_bits + bits_for(L) <= 64, "ddtree: CUDA tree build cannot key L=", L,
               " ranks of K=", K, " in 64 bits (K = 16 allows L <= 15)");
-  check_out(root_tokens, "root_tokens", at::kLong, {batch});
-  check_out(prefix_lens, "prefix_lens", at::kLong, {batch});
-  for (const auto* t : {&tokens, &parents, &depths, &positions, &next_token, &next_sibling,
-                        &retrieve_index}) {
-    check_out(*t, "tree output", at::kLong, {batch, n});
-  }
-  check_out(ancestor_mask, "ancestor_mask", at::kBool, {batch, n, n});
-  check_out(num_nodes, "num_nodes", at::kLong, {batch});
-  check_cuda(custom_mask, "custom_mask");
-  TORCH_CHECK(custom_mask.scalar_type() == at::kBool && custom_mask.dim() == 1 &&
-                  custom_mask.is_contiguous(), "ddtree: custom_mask must be a flat bool tensor");
-  if (batch == 0) return;
+  check_tensor(root_tokens, "root_tokens", at::kLong, {batch});
+  check_tensor(prefix_lens, "prefix_lens", at::kLong, {batch});
+  TORCH_CHECK(mask_numel >= 0, "ddtree: mask_numel must be >= 0, got ", mask_numel);
   const c10::cuda::CUDAGuard guard(logp.device());
+  // The seven [B, N] index outputs are rows of one allocation (each row contiguous).
+  const auto index = logp.options().dtype(at::kLong);
+  const std::vector<at::Tensor> links = at::empty({7, batch, n}, index).unbind(0);
+  const at::Tensor &tokens = links[0], &parents = links[1], &depths = links[2],
+                   &positions = links[3], &next_token = links[4], &next_sibling = links[5],
+                   &retrieve_index = links[6];
+  const at::Tensor ancestor_mask = at::empty({batch, n, n}, logp.options().dtype(at::kBool));
+  const at::Tensor num_nodes = at::empty({batch}, index);
+  // Sized by the caller from the host-known sum of prefix_lens (0: no flat mask wanted).
+  const at::Tensor custom_mask = at::empty({mask_numel}, logp.options().dtype(at::kBool));
+  const auto outputs = std::make_tuple(tokens, parents, depths, positions, ancestor_mask,
+                                       next_token, next_sibling, retrieve_index, num_nodes,
+                                       custom_mask);
+  if (batch == 0) return outputs;
   auto stream = c10::cuda::getCurrentCUDAStream();
 
   TreeArgs args{logp.data_ptr<float>(), ids.data_ptr<int64_t>(), root_tokens.data_ptr<int64_t>(),
@@ -295,13 +297,14 @@ void build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Te
   else if (slots <= 8) launch_tree<8>(args, batch, smem, stream);
   else launch_tree<16>(args, batch, smem, stream);
 
-  if (custom_mask.numel() > 0) {  // the caller sized it from the host-known sum of prefix_lens
+  if (mask_numel > 0) {
     const dim3 grid(static_cast<unsigned>(batch), ceil_div(n, kMaskRowsPerBlock));
     custom_mask_kernel<<<grid, kTreeThreads, 0, stream>>>(
         prefix_lens.data_ptr<int64_t>(), ancestor_mask.data_ptr<bool>(), static_cast<int>(n),
         reinterpret_cast<unsigned char*>(custom_mask.data_ptr<bool>()));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  return outputs;
 }
 
 }  // namespace ddtree

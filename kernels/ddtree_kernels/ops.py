@@ -2,9 +2,10 @@
 
 `backend_for(tensor)` says which path a call takes. A CUDA tensor without the extension runs the
 (slow, pure-torch) reference with a one-time warning, or raises `ExtensionUnavailableError` when
-`DDTREE_KERNELS_REQUIRE_CUDA=1` is set or `require_cuda()` was called. The CUDA path allocates its
-outputs on the current stream and never synchronises with the host, so a whole step (top-k, tree,
-walk, commit) can be captured in one CUDA graph.
+`DDTREE_KERNELS_REQUIRE_CUDA=1` is set or `require_cuda()` was called. On the CUDA path each op is
+one call into the extension, which allocates its outputs on the current stream and never
+synchronises with the host, so a whole step (top-k, tree, walk, commit) can be captured in one
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -88,14 +89,7 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> TopK:
         return reference.topk_logprobs(logits, k)
     if not 1 <= k <= logits.shape[-1]:
         raise ValueError(f"k={k} must be in [1, vocab={logits.shape[-1]}]")
-    lead, vocab = logits.shape[:-1], logits.shape[-1]
-    rows = logits if logits.dim() == 2 else logits.reshape(-1, vocab)
-    logp = torch.empty(rows.shape[0], k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(rows.shape[0], k, dtype=torch.int64, device=logits.device)
-    torch.ops.ddtree.topk_logprobs(rows, k, logp, ids)
-    if logits.dim() == 2:  # the draft head's rows: the outputs have their shape already
-        return TopK(logp, ids)
-    return TopK(logp.view(*lead, k), ids.view(*lead, k))
+    return TopK(*torch.ops.ddtree.topk_logprobs(logits, k))
 
 
 def build_tree(
@@ -121,25 +115,10 @@ def build_tree(
     if backend_for(logp) is Backend.REFERENCE:
         return reference.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_lens_sum)
     reference.check_tree_inputs(logp, ids, root_tokens, prefix_lens, budget)
-    batch, n, dev = logp.shape[0], budget + 1, logp.device
-    # The seven [B, N] outputs as rows of one allocation: one call where seven would each pass
-    # the dispatcher and the caching allocator (issue 22's host time); each row is contiguous.
-    (tokens, parents, depths, positions, next_token, next_sibling, retrieve_index) = torch.empty(
-        7, batch, n, dtype=torch.int64, device=dev
-    ).unbind(0)
-    ancestor_mask = torch.empty(batch, n, n, dtype=torch.bool, device=dev)
-    num_nodes = torch.empty(batch, dtype=torch.int64, device=dev)
+    batch = logp.shape[0]
     mask_numel = 0 if prefix_lens_sum is None else custom_mask_numel(prefix_lens_sum, batch, budget)
-    custom_mask = torch.empty(mask_numel, dtype=torch.bool, device=dev)
-    torch.ops.ddtree.build_tree(
-        logp, ids, root_tokens, prefix_lens, budget,
-        tokens, parents, depths, positions, ancestor_mask, next_token, next_sibling,
-        retrieve_index, num_nodes, custom_mask,
-    )  # fmt: skip
-    return Tree(
-        tokens, parents, depths, positions, ancestor_mask, next_token, next_sibling,
-        retrieve_index, num_nodes, custom_mask,
-    )  # fmt: skip
+    outputs = torch.ops.ddtree.build_tree(logp, ids, root_tokens, prefix_lens, budget, mask_numel)
+    return Tree(*outputs)
 
 
 def verify_walk(
@@ -151,36 +130,22 @@ def verify_walk(
     """
     if backend_for(tokens) is Backend.REFERENCE:
         return reference.verify_walk(tokens, parents, target_tokens, max_depth)
-    batch, width, dev = tokens.shape[0], max_depth + 1, tokens.device
-    accept_index = torch.empty(batch, width, dtype=torch.int64, device=dev)
-    accept_tokens = torch.empty_like(accept_index)
-    accept_len = torch.empty(batch, dtype=torch.int64, device=dev)
-    bonus = torch.empty_like(accept_len)
-    torch.ops.ddtree.verify_walk(
-        tokens.contiguous(), parents.contiguous(), target_tokens.contiguous(),
-        accept_index, accept_len, accept_tokens, bonus,
-    )  # fmt: skip
-    return Walk(accept_index, accept_len, accept_tokens, bonus)
+    return Walk(*torch.ops.ddtree.verify_walk(
+        tokens.contiguous(), parents.contiguous(), target_tokens.contiguous(), max_depth + 1
+    ))  # fmt: skip
 
 
-def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor) -> Commit:
-    """KV source/destination slots and hidden-state rows of the accepted nodes; see reference.
+def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor, rows: int = 0) -> Commit:
+    """The KV moves and hidden-row order that commit the accepted path; see the reference.
 
-    `cache_loc` [B, N] int64: the KV slot each tree node was written to during verify.
+    `cache_loc` [B, N] int64: the KV slot each tree node was written to during verify; `rows`:
+    how many verify rows (B * N and any trailing padding) `row_order` orders, 0 for none.
     """
     if backend_for(accept_index) is Backend.REFERENCE:
-        return reference.commit_indices(accept_index, cache_loc)
-    src, dst, hidden_rows = torch.empty(
-        3, *accept_index.shape, dtype=torch.int64, device=accept_index.device
-    ).unbind(0)  # one allocation, as build_tree's outputs
-    torch.ops.ddtree.commit_indices(
-        accept_index.contiguous(),
-        as_dtype(cache_loc, torch.int64).contiguous(),
-        src,
-        dst,
-        hidden_rows,
-    )
-    return Commit(src, dst, hidden_rows)
+        return reference.commit_indices(accept_index, cache_loc, rows)
+    return Commit(*torch.ops.ddtree.commit_indices(
+        accept_index.contiguous(), as_dtype(cache_loc, torch.int64).contiguous(), rows
+    ))  # fmt: skip
 
 
 def sample_tokens(
@@ -193,8 +158,6 @@ def sample_tokens(
     """
     if backend_for(logits) is Backend.REFERENCE:
         return reference.sample_tokens(logits, temperatures, uniforms)
-    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    torch.ops.ddtree.sample_tokens(
-        logits, temperatures.float().contiguous(), uniforms.float().contiguous(), out
+    return torch.ops.ddtree.sample_tokens(
+        logits, temperatures.float().contiguous(), uniforms.float().contiguous()
     )
-    return out

@@ -275,25 +275,37 @@ def verify_walk(
     )
 
 
-def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor) -> Commit:
-    """KV slots to move and hidden-state rows to keep for the accepted nodes.
+def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor, rows: int = 0) -> Commit:
+    """The KV moves and the hidden-row order that put the accepted path first in its window.
 
     `cache_loc` [B, N] holds the KV slot each tree node was written to during verify. The j-th
     accepted node (depth j, position prefix_len + j) moves from slot cache_loc[b, accept_index[j]]
     to cache_loc[b, j]; accept_index[j] >= j, so an ascending in-place copy never overwrites a
-    source it still needs.
+    source it still needs. Padding (-1) moves the root's slot onto itself, so the lists keep a
+    fixed length and nothing is filtered on the host (no sync).
+
+    `row_order` is for R = `rows` verify rows [B * N (+ trailing padding), ...]: row b * N + j
+    takes row b * N + accept_index[b, j]; rows past the path, and the padding, keep their own.
+    `rows` 0 (no hidden states to reorder) gives an empty order.
     """
     batch, n = cache_loc.shape
+    width = accept_index.shape[1]
+    if width > n or accept_index.shape[0] != batch:
+        raise ValueError(f"accept_index {tuple(accept_index.shape)} must be [B, A <= N] for "
+                         f"cache_loc {tuple(cache_loc.shape)}")  # fmt: skip
+    if rows and rows < batch * n:
+        raise ValueError(f"rows={rows} must be 0 or at least B * N = {batch * n}")
     accepted = accept_index >= 0
-    j = torch.arange(accept_index.shape[1], device=cache_loc.device).expand_as(accept_index)
-    src = cache_loc.gather(1, accept_index.clamp(min=0, max=n - 1))
-    dst = cache_loc.gather(1, j.clamp(max=n - 1))
-    rows = torch.arange(batch, device=cache_loc.device).unsqueeze(1) * n
-    return Commit(
-        src=torch.where(accepted, src, -1),
-        dst=torch.where(accepted, dst, -1),
-        hidden_rows=torch.where(accepted, rows + accept_index, -1),
-    )
+    root = cache_loc[:, :1]
+    source = cache_loc.gather(1, accept_index.clamp(min=0))
+    kv_target = torch.where(accepted, cache_loc[:, :width], root).reshape(-1)
+    kv_source = torch.where(accepted, source, root).reshape(-1)
+    row_order = torch.arange(rows, device=cache_loc.device)
+    if rows:
+        window = row_order[: batch * n].view(batch, n)[:, :width]
+        path = torch.arange(batch, device=cache_loc.device).unsqueeze(1) * n + accept_index
+        window.copy_(torch.where(accepted, path, window))
+    return Commit(kv_target, kv_source, row_order)
 
 
 def sample_tokens(

@@ -59,9 +59,7 @@ __all__ = [
     "commit_path",
     "draft_topk_logprobs",
     "flat_tree_mask",
-    "gather_path_rows",
     "host_prefix_sum",
-    "kv_move_pairs",
     "lm_head_topk_logprobs",
     "mamba_steps",
     "merge_tp_topk",
@@ -681,42 +679,9 @@ def accept_tree(
 # ------------------------------------------------------------------ commit
 
 
-def kv_move_pairs(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat (target, source) slot lists for SGLang's `move_kv_cache` from `commit_indices`'
-    [bs, A] src/dst; padding entries (-1) become the root's slot moved onto itself, so nothing
-    is filtered on the host (no sync)."""
-    root = dst[:, :1]  # broadcast along each row
-    keep = src >= 0
-    return torch.where(keep, dst, root).reshape(-1), torch.where(keep, src, root).reshape(-1)
-
-
-def _window_rows(bs: int, width: int, device: torch.device) -> torch.Tensor:
-    """Each window row's own index [bs, W] (b * W + j), a per-shape constant."""
-
-    def build(capacity: int) -> tuple[torch.Tensor, ...]:
-        return (torch.arange(capacity * width, device=device).view(capacity, width),)
-
-    return _first_rows(("window_rows", width, device), bs, build)[0]
-
-
-def gather_path_rows(x: torch.Tensor, hidden_rows: torch.Tensor, width: int) -> torch.Tensor:
-    """Rows of node-indexed `x` [bs * W (+ padding), ...] in accepted-path order: row b * W + j
-    becomes x[hidden_rows[b, j]]; rows past the path, and any trailing alignment padding, keep
-    their own row. Where paths span the window and nothing pads `x` (a verify at the block's
-    width), the row order comes from the cached window rows in two launches instead of five."""
-    bs, a = hidden_rows.shape
-    if a == width and x.shape[0] == bs * width:
-        own = _window_rows(int(bs), int(width), x.device)
-        return x[torch.where(hidden_rows >= 0, hidden_rows, own).view(-1)]
-    rows = torch.arange(x.shape[0], device=x.device)
-    own = rows[: bs * width].view(bs, width)
-    own[:, :a] = torch.where(hidden_rows >= 0, hidden_rows, own[:, :a])
-    return x[rows]
-
-
 def block_rows(x: torch.Tensor, bs: int, width: int, block: int) -> torch.Tensor:
     """Verify rows [bs * W (+ padding), ...] in the drafter's block layout [bs * B, ...]: each
-    window's first B rows, which hold the accepted path once `gather_path_rows` put it there.
+    window's first B rows, which hold the accepted path once `commit_path` put it there.
     At W == B the rows are already that layout and come back as they are."""
     if width == block:
         return x
@@ -736,13 +701,14 @@ def commit_path(
     code (committed KV, draft-KV append) sees it as DFLASH's committed prefix: its KV through the
     release's `move_kv_cache(target_slots, source_slots)` (a copy, not an index remap: after
     verify the scheduler may hand a finished request's req_to_token row on) and its hidden rows
-    (returned; None stays None). `cache_loc` [bs, W]: the slot each node was verified in."""
-    commit = ops.commit_indices(accept_index, cache_loc)
-    target, source = kv_move_pairs(commit.src, commit.dst)
-    move_kv_cache(target, source)
-    if hidden_states is None:
-        return None
-    return gather_path_rows(hidden_states, commit.hidden_rows, width)
+    [bs * W (+ padding), ...] (returned; None stays None). `cache_loc` [bs, W]: the slot each
+    node was verified in. One kernel gives both (`ops.commit_indices`)."""
+    if cache_loc.shape[1] != width:
+        raise ValueError(f"cache_loc {tuple(cache_loc.shape)} must be [bs, width={width}]")
+    rows = 0 if hidden_states is None else int(hidden_states.shape[0])
+    commit = ops.commit_indices(accept_index, cache_loc, rows)
+    move_kv_cache(commit.kv_target, commit.kv_source)
+    return None if hidden_states is None else hidden_states[commit.row_order]
 
 
 def mamba_steps(
@@ -1073,9 +1039,9 @@ class Step:
         if self.mode != "tree":
             return x
         assert self.accept_index is not None, "commit_rows before accept"
-        rows = ops.commit_indices(self.accept_index, self.cache_loc).hidden_rows
+        order = ops.commit_indices(self.accept_index, self.cache_loc, int(x.shape[0])).row_order
         bs = int(self.tree.tokens.shape[0])
-        return block_rows(gather_path_rows(x, rows, self.width), bs, self.width, self.block_size)
+        return block_rows(x[order], bs, self.width, self.block_size)
 
 
 class Verifier:

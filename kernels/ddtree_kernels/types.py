@@ -44,8 +44,9 @@ class Walk(NamedTuple):
 
 
 class Commit(NamedTuple):
-    """Where the accepted nodes' KV and hidden states go; [B, A] int64, -1 padded."""
+    """What commits the accepted path to the front of each verify window: the KV moves, as
+    SGLang's `move_kv_cache(target, source)` takes them, and the hidden rows' new order."""
 
-    src: torch.Tensor  # cache slot holding the j-th accepted node's KV: cache_loc[b, accept_index]
-    dst: torch.Tensor  # cache slot it belongs in: cache_loc[b, j]
-    hidden_rows: torch.Tensor  # row of the flattened [B * N, H] verify hidden states to keep
+    kv_target: torch.Tensor  # [B * A] int64: cache_loc[b, j]; the root's slot on padding
+    kv_source: torch.Tensor  # [B * A] int64: cache_loc[b, accept_index[b, j]]; likewise
+    row_order: torch.Tensor  # [R] int64: the verify row each of R rows takes (a gather order)

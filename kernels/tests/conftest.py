@@ -8,7 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from cuda_double import Dispatched, install
+from cuda_double import install
+from torch.utils._python_dispatch import TorchDispatchMode
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_host.py"
 
@@ -25,7 +26,8 @@ def bench() -> ModuleType:
 
 
 @pytest.fixture
-def cuda_path_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Dispatched:
+def cuda_path_on_cpu(monkeypatch: pytest.MonkeyPatch, bench: ModuleType) -> TorchDispatchMode:
     """`ops` takes its CUDA path for CPU tensors, through the double; enter the returned
-    counter around the work to count its dispatched calls."""
-    return install(monkeypatch)
+    counter (bench_host.py's `Dispatched`) around the work to list its dispatched calls."""
+    install(monkeypatch)
+    return bench.Dispatched()

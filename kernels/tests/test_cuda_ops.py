@@ -106,9 +106,10 @@ def test_cuda_walk_and_commit_match_reference(
     _assert_same(got, want)
     assert int(got.accept_len.max()) > 2  # the case exercises real paths
     cache_loc = torch.randperm(batch * (budget + 1), device="cuda").view(batch, -1)
+    rows = cache_loc.numel() + 3  # with trailing alignment padding
     _assert_same(
-        ops.commit_indices(got.accept_index, cache_loc),
-        reference.commit_indices(want.accept_index, cache_loc),
+        ops.commit_indices(got.accept_index, cache_loc, rows),
+        reference.commit_indices(want.accept_index, cache_loc, rows),
     )
 
 
@@ -177,6 +178,7 @@ def test_cuda_ops_capture_and_replay_in_a_cuda_graph() -> None:
     prefix = torch.empty(batch, dtype=torch.long, device="cuda")
     target = torch.empty(batch, n, dtype=torch.long, device="cuda")
     cache_loc = torch.arange(batch * n, device="cuda").view(batch, n)
+    rows = batch * n  # the verify rows the commit orders
     prefix_sum = 100 * batch  # host-known, as SGLang's seq_lens_sum
 
     def fill() -> None:
@@ -196,7 +198,7 @@ def test_cuda_ops_capture_and_replay_in_a_cuda_graph() -> None:
             )
         )
         walk = ops.verify_walk(tree.tokens, tree.parents, target, max_depth)
-        return topk, tree, walk, ops.commit_indices(walk.accept_index, cache_loc)
+        return topk, tree, walk, ops.commit_indices(walk.accept_index, cache_loc, rows)
 
     fill()
     step()  # warm up (workspace, lazy init) outside capture
@@ -215,7 +217,7 @@ def test_cuda_ops_capture_and_replay_in_a_cuda_graph() -> None:
         walk = reference.verify_walk(tree.tokens, tree.parents, target, max_depth)
         _assert_same(outs[2], walk)
         assert int(walk.accept_len.min()) >= 2  # the target follows first children
-        _assert_same(outs[3], reference.commit_indices(walk.accept_index, cache_loc))
+        _assert_same(outs[3], reference.commit_indices(walk.accept_index, cache_loc, rows))
 
 
 def test_cuda_build_tree_takes_a_column_of_the_block_ids() -> None:

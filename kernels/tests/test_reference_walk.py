@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 from brute_force import linear_acceptance
 from inputs import random_topk
@@ -80,11 +81,29 @@ def test_commit_indices_moves_accepted_kv_to_consecutive_slots() -> None:
     accept_index = torch.tensor([[0, 2, 5, -1], [0, -1, -1, -1]])
     cache_loc = torch.arange(12).view(2, 6) * 2 + 100  # ascending slots per request
     commit = reference.commit_indices(accept_index, cache_loc)
-    assert commit.src.tolist() == [[100, 104, 110, -1], [112, -1, -1, -1]]
-    assert commit.dst.tolist() == [[100, 102, 104, -1], [112, -1, -1, -1]]
-    assert commit.hidden_rows.tolist() == [[0, 2, 5, -1], [6, -1, -1, -1]]
-    kept = commit.src >= 0
-    assert (commit.dst[kept] <= commit.src[kept]).all()
+    # Padding moves the request's root slot onto itself: fixed-length lists, no host filter.
+    assert commit.kv_source.tolist() == [100, 104, 110, 100, 112, 112, 112, 112]
+    assert commit.kv_target.tolist() == [100, 102, 104, 100, 112, 112, 112, 112]
+    assert (commit.kv_target <= commit.kv_source).all()  # an ascending copy reads before writing
+    assert commit.row_order.numel() == 0  # no rows asked for
+
+
+@pytest.mark.parametrize(("path_width", "padding"), [(6, 0), (4, 0), (4, 3)])
+def test_commit_indices_row_order_puts_each_path_first_and_keeps_every_other_row(
+    path_width: int, padding: int
+) -> None:
+    """Row b * N + j takes the j-th accepted node's row; rows past a path, and trailing
+    alignment padding, keep their own."""
+    accept_index = torch.tensor([[0, 2, 5, -1, -1, -1], [0, 1, -1, -1, -1, -1]])[:, :path_width]
+    cache_loc = torch.zeros(2, 6, dtype=torch.int64)
+    rows = 12 + padding
+    order = reference.commit_indices(accept_index, cache_loc, rows).row_order
+    assert order.tolist() == [0, 2, 5, 3, 4, 5, 6, 7, 8, 9, 10, 11, *range(12, rows)]
+
+
+def test_commit_indices_refuses_fewer_rows_than_the_windows_hold() -> None:
+    with pytest.raises(ValueError, match="at least B \\* N = 6"):
+        reference.commit_indices(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3), 5)
 
 
 def test_sample_tokens_is_argmax_with_ties_to_smaller_id_at_zero_temperature() -> None:

@@ -445,25 +445,6 @@ def test_walk_from_sampling_makes_local_indices() -> None:
     assert tokens[1].tolist() == [55, -1, -1, -1, -1, -1]
 
 
-@pytest.mark.parametrize(("path_width", "padding"), [(4, 0), (3, 0), (4, 2)])
-def test_gather_path_rows_puts_each_path_first_and_keeps_every_other_row(
-    path_width: int, padding: int
-) -> None:
-    """Both ways to the row order give the definition: the paths spanning the window with no
-    padding (cached window rows), and paths shorter than the window or `x` padded."""
-    width = 4
-    hidden_rows = torch.tensor([[0, 2, 3, -1], [4, 5, -1, -1], [9, -1, -1, -1]])[:, :path_width]
-    x = torch.arange(3 * width + padding, dtype=torch.float32).unsqueeze(1)
-    want = list(range(3 * width + padding))
-    for b, row in enumerate(hidden_rows.tolist()):
-        for j, source in enumerate(row):
-            if source >= 0:
-                want[b * width + j] = source
-    for _ in range(2):  # the first call builds the cached rows, the second reads them
-        assert S.gather_path_rows(x, hidden_rows, width)[:, 0].tolist() == want
-    assert S.gather_path_rows(x[:width], hidden_rows[:1], width)[:, 0].tolist() == want[:width]
-
-
 def test_commit_path_moves_kv_and_hidden_rows_to_the_window_front() -> None:
     tokens, parents, target = _branching_case()
     width = tokens.shape[1]
@@ -488,11 +469,10 @@ def test_commit_path_moves_kv_and_hidden_rows_to_the_window_front() -> None:
     ) is None  # fmt: skip
 
 
-def test_kv_move_pairs_turn_padding_into_a_self_move_of_the_root() -> None:
-    commit = reference.commit_indices(torch.tensor([[0, 2, -1]]), torch.tensor([[7, 8, 9]]))
-    tgt, src = S.kv_move_pairs(commit.src, commit.dst)
-    assert tgt.tolist() == [7, 8, 7]
-    assert src.tolist() == [7, 9, 7]
+def test_commit_path_refuses_a_cache_loc_of_another_width() -> None:
+    with pytest.raises(ValueError, match="width=4"):
+        S.commit_path(accept_index=torch.tensor([[0, -1, -1]]), cache_loc=torch.zeros(1, 3),
+                      move_kv_cache=lambda tgt, src: None, hidden_states=None, width=4)  # fmt: skip
 
 
 def test_block_rows_take_each_windows_first_block() -> None:

@@ -262,15 +262,15 @@ def accept_and_commit():
         walk.accept_len, walk.accept_tokens, walk.bonus, prefix
     )
     cache_loc = torch.tensor([[100, 101, 102, 103, 104, 105]])
-    commit = ops.commit_indices(walk.accept_index, cache_loc)
-    tgt, src = D.ddtree_kv_move_pairs(commit.src, commit.dst)
     # A KV pool whose slot s holds the value s, moved with SGLang's own native move.
     k_buf = [torch.arange(128, dtype=torch.float32).view(128, 1, 1).repeat(1, 2, 3)]
     v_buf = [k_buf[0] * -1]
-    move_kv_cache_native(k_buf, v_buf, tgt, src)
-    kept = k_buf[0][cache_loc[0], 0, 0].tolist()
     hidden = torch.arange(width + 2, dtype=torch.float32).unsqueeze(1) * 10  # 2 padding rows
-    path_hidden = D.ddtree_gather_path_rows(hidden, commit.hidden_rows, width)
+    path_hidden = D.ddtree_commit_path(
+        accept_index=walk.accept_index, cache_loc=cache_loc, hidden_states=hidden, width=width,
+        move_kv_cache=lambda tgt, src: move_kv_cache_native(k_buf, v_buf, tgt, src),
+    )  # fmt: skip
+    kept = k_buf[0][cache_loc[0], 0, 0].tolist()
     return {
         "accept_index": walk.accept_index.tolist(),
         "drafts": drafts.tolist(),
@@ -432,7 +432,7 @@ def shadow_linear_results(W, worker_of, dflash_accept, tree_accept) -> dict:
         "bonus_equal": same(t_bonus, d_bonus.to(torch.int64)),
         "committed_tokens_equal": committed_equal,
         "new_seq_lens_equal": same(t_seq, prefix + d_commit.to(prefix.dtype)),
-        "commit_is_identity": same(commit.src[commit.src >= 0], commit.dst[commit.dst >= 0]),
+        "commit_is_identity": same(commit.kv_source, commit.kv_target),
         "accept_lens": d_commit.tolist(),
     }
 
@@ -683,13 +683,13 @@ def wide_accept_results(W, worker, accept, draft_rows) -> dict:
     req_to_token = torch.arange(3 * 100).view(3, 100) + 1000
     pool_rows = torch.tensor([2, 0])
     loc = D.ddtree_window_cache_loc(req_to_token, pool_rows, prefix, WIDTH)
-    commit = ops.commit_indices(accept_index, loc)
-    tgt, src = D.ddtree_kv_move_pairs(commit.src, commit.dst)
     k_buf = [torch.arange(1400, dtype=torch.float32).view(1400, 1, 1)]
     v_buf = [-k_buf[0]]
-    move_kv_cache_native(k_buf, v_buf, tgt, src)
     hidden = torch.arange(bs * WIDTH, dtype=torch.float32).unsqueeze(1)
-    path_hidden = D.ddtree_gather_path_rows(hidden, commit.hidden_rows, WIDTH)
+    path_hidden = D.ddtree_commit_path(
+        accept_index=accept_index, cache_loc=loc, hidden_states=hidden, width=WIDTH,
+        move_kv_cache=lambda tgt, src: move_kv_cache_native(k_buf, v_buf, tgt, src),
+    )  # fmt: skip
     fed = draft_rows(path_hidden, bs).view(bs, BLOCK)
     kv_ok = hidden_ok = True
     for b in range(bs):
