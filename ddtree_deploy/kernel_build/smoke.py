@@ -46,8 +46,8 @@ try:
     def same(op, got, want, close=()):
         for field, a, b in zip(type(want)._fields, got, want):
             a, b = a.cpu(), b.cpu()
-            ok = (torch.allclose(a, b, rtol=1e-5, atol=2e-5) if field in close
-                  else torch.equal(a, b))
+            ok = a.dtype == b.dtype and (torch.allclose(a, b, rtol=1e-5, atol=2e-5)
+                                         if field in close else torch.equal(a, b))
             if not ok:
                 out["failures"].append(f"{op}.{field} differs from the reference")
         out["checks"].append(op)
@@ -70,6 +70,9 @@ try:
     walk = ops.verify_walk(tree.tokens, tree.parents, target.to(dev), 5)
     want_walk = reference.verify_walk(want_tree.tokens, want_tree.parents, target, 5)
     same("verify_walk", walk, want_walk)
+    lens = torch.tensor([3, 0, 11], dtype=torch.int32)  # int32, as some releases' seq_lens
+    same("walk_accept", ops.walk_accept(tree.tokens, tree.parents, target.to(dev), 5, lens.to(dev)),
+         reference.walk_accept(want_tree.tokens, want_tree.parents, target, 5, lens))
     cache_loc = torch.randperm(3 * 13, generator=gen).view(3, 13)
     rows = 3 * 13 + 5  # the verify rows with trailing alignment padding
     same("commit_indices", ops.commit_indices(walk.accept_index, cache_loc.to(dev), rows),

@@ -18,6 +18,10 @@ TORCH_LIBRARY(ddtree, m) {
       "verify_walk(Tensor tokens, Tensor parents, Tensor target_tokens, int width) -> "
       "(Tensor accept_index, Tensor accept_len, Tensor accept_tokens, Tensor bonus)");
   m.def(
+      "walk_accept(Tensor tokens, Tensor parents, Tensor target_tokens, Tensor prefix_lens, "
+      "int width) -> (Tensor accepted_drafts, Tensor commit_lens, Tensor bonus, "
+      "Tensor out_tokens, Tensor new_seq_lens, Tensor accept_index)");
+  m.def(
       "commit_indices(Tensor accept_index, Tensor cache_loc, int rows) -> "
       "(Tensor kv_target, Tensor kv_source, Tensor row_order)");
   m.def("sample_tokens(Tensor logits, Tensor temperatures, Tensor uniforms) -> Tensor");
@@ -27,6 +31,7 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("topk_logprobs", &ddtree::topk_logprobs_cuda);
   m.impl("build_tree", &ddtree::build_tree_cuda);
   m.impl("verify_walk", &ddtree::verify_walk_cuda);
+  m.impl("walk_accept", &ddtree::walk_accept_cuda);
   m.impl("commit_indices", &ddtree::commit_indices_cuda);
   m.impl("sample_tokens", &ddtree::sample_tokens_cuda);
 }

@@ -19,6 +19,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_walk_cuda(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_tokens,
     int64_t width);
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> walk_accept_cuda(
+    const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_tokens,
+    const at::Tensor& prefix_lens, int64_t width);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> commit_indices_cuda(const at::Tensor& accept_index,
                                                                    const at::Tensor& cache_loc,
                                                                    int64_t rows);

@@ -1,4 +1,5 @@
-// Verify walk (one warp per request, tree staged in shared memory) and commit indices.
+// Verify walk (one warp per request, tree staged in shared memory), alone or with DFlash's accept
+// outputs, and commit indices.
 //
 // The walk follows, from the root, the child whose token equals the target's token at the current
 // node; the warp checks all nodes in parallel at each step (lowest matching index wins), so a step
@@ -9,13 +10,27 @@
 namespace ddtree {
 namespace {
 
+// Where a walk's results go. verify_walk fills the walk's own outputs; walk_accept fills DFlash's
+// accept outputs instead (accepted drafts, commit lengths, 0-padded tokens, new sequence lengths,
+// with P the dtype of prefix_lens). A null pointer is an output the op does not return.
+template <typename P>
+struct WalkOut {
+  int64_t* accept_index;   // [B, A]
+  int64_t* bonus;          // [B]
+  int64_t* accept_len;     // [B]
+  int64_t* accept_tokens;  // [B, A], -1 padded
+  const P* prefix_lens;    // [B]
+  int32_t* drafts;         // [B]
+  int32_t* commit_lens;    // [B]
+  int64_t* out_tokens;     // [B, A], 0 padded
+  P* new_seq_lens;         // [B]
+};
+
+template <typename P>
 __global__ void verify_walk_kernel(const int64_t* __restrict__ tokens,
                                    const int64_t* __restrict__ parents,
                                    const int64_t* __restrict__ target_tokens, int n, int width,
-                                   int64_t* __restrict__ accept_index,
-                                   int64_t* __restrict__ accept_len,
-                                   int64_t* __restrict__ accept_tokens,
-                                   int64_t* __restrict__ bonus) {
+                                   WalkOut<P> o) {
   extern __shared__ unsigned char smem[];
   int64_t* s_tok = reinterpret_cast<int64_t*>(smem);
   int64_t* s_target = s_tok + n;
@@ -47,13 +62,45 @@ __global__ void verify_walk_kernel(const int64_t* __restrict__ tokens,
   const int64_t out = static_cast<int64_t>(b) * width;
   for (int j = lane; j < width; j += 32) {
     const bool ok = j < len;
-    accept_index[out + j] = ok ? s_path[j] : -1;
-    accept_tokens[out + j] = ok ? s_target[s_path[j]] : -1;
+    const int64_t token = ok ? s_target[s_path[j]] : -1;
+    o.accept_index[out + j] = ok ? s_path[j] : -1;
+    if (o.accept_tokens != nullptr) o.accept_tokens[out + j] = token;
+    if (o.out_tokens != nullptr) o.out_tokens[out + j] = ok ? token : 0;
   }
   if (lane == 0) {
-    accept_len[b] = len;
-    bonus[b] = s_target[cur];
+    o.bonus[b] = s_target[cur];
+    if (o.accept_len != nullptr) o.accept_len[b] = len;
+    if (o.commit_lens != nullptr) {
+      o.commit_lens[b] = len;
+      o.drafts[b] = len - 1;
+      o.new_seq_lens[b] = static_cast<P>(o.prefix_lens[b] + len);
+    }
   }
+}
+
+template <typename P>
+void launch_walk(const at::Tensor& tokens, const at::Tensor& parents,
+                 const at::Tensor& target_tokens, int64_t width, const WalkOut<P>& o) {
+  const int64_t batch = tokens.size(0), n = tokens.size(1);
+  if (batch == 0) return;
+  const size_t smem = n * 2 * sizeof(int64_t) + (n + width) * sizeof(int);
+  TORCH_CHECK(smem <= 48 * 1024, "ddtree: tree too large for the CUDA walk (N=", n, ")");
+  verify_walk_kernel<P><<<batch, 32, smem, c10::cuda::getCurrentCUDAStream()>>>(
+      tokens.data_ptr<int64_t>(), parents.data_ptr<int64_t>(), target_tokens.data_ptr<int64_t>(),
+      static_cast<int>(n), static_cast<int>(width), o);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The walk's inputs, as both walk ops take them.
+void check_walk_inputs(const at::Tensor& tokens, const at::Tensor& parents,
+                       const at::Tensor& target_tokens, int64_t width) {
+  check_cuda(tokens, "tokens");
+  TORCH_CHECK(tokens.dim() == 2, "ddtree: tokens must be [B, N]");
+  const int64_t batch = tokens.size(0), n = tokens.size(1);
+  check_tensor(tokens, "tokens", at::kLong, {batch, n});
+  check_tensor(parents, "parents", at::kLong, {batch, n});
+  check_tensor(target_tokens, "target_tokens", at::kLong, {batch, n});
+  TORCH_CHECK(width >= 1, "ddtree: the walk's width (max depth + 1) must be >= 1, got ", width);
 }
 
 // One thread per KV move (b, j) and per verify row r: the move of the j-th accepted node (the
@@ -87,13 +134,8 @@ __global__ void commit_indices_kernel(const int64_t* __restrict__ accept_index,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_walk_cuda(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_tokens,
     int64_t width) {
-  check_cuda(tokens, "tokens");
-  TORCH_CHECK(tokens.dim() == 2, "ddtree: tokens must be [B, N]");
-  const int64_t batch = tokens.size(0), n = tokens.size(1);
-  check_tensor(tokens, "tokens", at::kLong, {batch, n});
-  check_tensor(parents, "parents", at::kLong, {batch, n});
-  check_tensor(target_tokens, "target_tokens", at::kLong, {batch, n});
-  TORCH_CHECK(width >= 1, "ddtree: the walk's width (max depth + 1) must be >= 1, got ", width);
+  check_walk_inputs(tokens, parents, target_tokens, width);
+  const int64_t batch = tokens.size(0);
   const c10::cuda::CUDAGuard guard(tokens.device());
   // [B, A] rows and [B] values, two allocations: accept_index and accept_tokens, then
   // accept_len and bonus.
@@ -101,16 +143,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_walk_cuda(
   const std::vector<at::Tensor> ends = at::empty({2, batch}, tokens.options()).unbind(0);
   const at::Tensor &accept_index = paths[0], &accept_tokens = paths[1];
   const at::Tensor &accept_len = ends[0], &bonus = ends[1];
-  const auto outputs = std::make_tuple(accept_index, accept_len, accept_tokens, bonus);
-  if (batch == 0) return outputs;
-  const size_t smem = n * 2 * sizeof(int64_t) + (n + width) * sizeof(int);
-  TORCH_CHECK(smem <= 48 * 1024, "ddtree: tree too large for the CUDA walk (N=", n, ")");
-  verify_walk_kernel<<<batch, 32, smem, c10::cuda::getCurrentCUDAStream()>>>(
-      tokens.data_ptr<int64_t>(), parents.data_ptr<int64_t>(), target_tokens.data_ptr<int64_t>(),
-      static_cast<int>(n), static_cast<int>(width), accept_index.data_ptr<int64_t>(),
-      accept_len.data_ptr<int64_t>(), accept_tokens.data_ptr<int64_t>(), bonus.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return outputs;
+  const WalkOut<int64_t> o{accept_index.data_ptr<int64_t>(), bonus.data_ptr<int64_t>(),
+                           accept_len.data_ptr<int64_t>(), accept_tokens.data_ptr<int64_t>(),
+                           nullptr, nullptr, nullptr, nullptr, nullptr};
+  launch_walk(tokens, parents, target_tokens, width, o);
+  return {accept_index, accept_len, accept_tokens, bonus};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> walk_accept_cuda(
+    const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_tokens,
+    const at::Tensor& prefix_lens, int64_t width) {
+  check_walk_inputs(tokens, parents, target_tokens, width);
+  const int64_t batch = tokens.size(0);
+  TORCH_CHECK(prefix_lens.scalar_type() == at::kLong || prefix_lens.scalar_type() == at::kInt,
+              "ddtree: prefix_lens must be int32 or int64, got ", prefix_lens.scalar_type());
+  check_tensor(prefix_lens, "prefix_lens", prefix_lens.scalar_type(), {batch});
+  const c10::cuda::CUDAGuard guard(tokens.device());
+  const std::vector<at::Tensor> paths = at::empty({2, batch, width}, tokens.options()).unbind(0);
+  const std::vector<at::Tensor> lens = at::empty({2, batch}, tokens.options().dtype(at::kInt)).unbind(0);
+  const at::Tensor &accept_index = paths[0], &out_tokens = paths[1];
+  const at::Tensor &drafts = lens[0], &commit_lens = lens[1];
+  const at::Tensor bonus = at::empty({batch}, tokens.options());
+  const at::Tensor new_seq_lens = at::empty({batch}, prefix_lens.options());
+  if (prefix_lens.scalar_type() == at::kLong) {
+    const WalkOut<int64_t> o{accept_index.data_ptr<int64_t>(), bonus.data_ptr<int64_t>(),
+                             nullptr, nullptr, prefix_lens.data_ptr<int64_t>(),
+                             drafts.data_ptr<int32_t>(), commit_lens.data_ptr<int32_t>(),
+                             out_tokens.data_ptr<int64_t>(), new_seq_lens.data_ptr<int64_t>()};
+    launch_walk(tokens, parents, target_tokens, width, o);
+  } else {
+    const WalkOut<int32_t> o{accept_index.data_ptr<int64_t>(), bonus.data_ptr<int64_t>(),
+                             nullptr, nullptr, prefix_lens.data_ptr<int32_t>(),
+                             drafts.data_ptr<int32_t>(), commit_lens.data_ptr<int32_t>(),
+                             out_tokens.data_ptr<int64_t>(), new_seq_lens.data_ptr<int32_t>()};
+    launch_walk(tokens, parents, target_tokens, width, o);
+  }
+  return {drafts, commit_lens, bonus, out_tokens, new_seq_lens, accept_index};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> commit_indices_cuda(const at::Tensor& accept_index,

@@ -10,9 +10,9 @@ import torch
 
 from ddtree_kernels import _extension
 from ddtree_kernels.errors import ExtensionUnavailableError
-from ddtree_kernels.types import Commit, TopK, Tree, Walk
+from ddtree_kernels.types import Accept, Commit, TopK, Tree, Walk
 
-__all__ = ["Commit", "ExtensionUnavailableError", "TopK", "Tree", "Walk", "build_info"]
+__all__ = ["Accept", "Commit", "ExtensionUnavailableError", "TopK", "Tree", "Walk", "build_info"]
 
 
 def build_info() -> dict[str, object]:

@@ -18,8 +18,8 @@ import torch
 
 from ddtree_kernels import _extension, reference
 from ddtree_kernels.errors import ExtensionUnavailableError
-from ddtree_kernels.reference import check_tree_limits, custom_mask_numel
-from ddtree_kernels.types import Commit, TopK, Tree, Walk
+from ddtree_kernels.reference import as_dtype, check_tree_limits, custom_mask_numel
+from ddtree_kernels.types import Accept, Commit, TopK, Tree, Walk
 
 __all__ = [
     "Backend",
@@ -33,6 +33,7 @@ __all__ = [
     "sample_tokens",
     "topk_logprobs",
     "verify_walk",
+    "walk_accept",
 ]
 
 
@@ -71,13 +72,6 @@ def backend_for(tensor: torch.Tensor) -> Backend:
         )
         _state["warned"] = True
     return Backend.REFERENCE
-
-
-def as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`tensor` in `dtype`: itself where it already is. `Tensor.to` returns the same tensor then
-    too, but only after a trip through torch's dispatcher, a few µs of host time in a step that
-    is host-bound at batch 1 (issue 22)."""
-    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def topk_logprobs(logits: torch.Tensor, k: int) -> TopK:
@@ -132,6 +126,26 @@ def verify_walk(
         return reference.verify_walk(tokens, parents, target_tokens, max_depth)
     return Walk(*torch.ops.ddtree.verify_walk(
         tokens.contiguous(), parents.contiguous(), target_tokens.contiguous(), max_depth + 1
+    ))  # fmt: skip
+
+
+def walk_accept(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    target_tokens: torch.Tensor,
+    max_depth: int,
+    prefix_lens: torch.Tensor,
+) -> Accept:
+    """`verify_walk` with DFlash's accept outputs written by the same kernel; see the reference.
+
+    `prefix_lens` [B] int32/int64: the tokens in each request's KV cache before this step;
+    `new_seq_lens` comes back in its dtype.
+    """
+    if backend_for(tokens) is Backend.REFERENCE:
+        return reference.walk_accept(tokens, parents, target_tokens, max_depth, prefix_lens)
+    return Accept(*torch.ops.ddtree.walk_accept(
+        tokens.contiguous(), parents.contiguous(), target_tokens.contiguous(),
+        prefix_lens.contiguous(), max_depth + 1,
     ))  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_kernels.types import Commit, TopK, Tree, Walk
+from ddtree_kernels.types import Accept, Commit, TopK, Tree, Walk
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 
@@ -273,6 +273,41 @@ def verify_walk(
         accept_tokens=torch.where(accepted, gathered, -1),
         bonus=target_tokens[rows, cur],
     )
+
+
+def as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` in `dtype`: itself where it already is. `Tensor.to` returns the same tensor then
+    too, but only after a trip through torch's dispatcher, a few µs of host time in a step that
+    is host-bound at batch 1 (issue 22)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def accept_outputs(
+    accept_len: torch.Tensor,
+    accept_tokens: torch.Tensor,
+    bonus: torch.Tensor,
+    prefix_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DFlash's accept outputs from a walk (`verify_walk`'s, or one laid out as it): (accepted
+    drafts int32, commit_lens int32, bonus int64, out_tokens [B, A] int64 with the committed
+    tokens first and 0 after, new_seq_lens in prefix_lens' dtype)."""
+    commit_lens = accept_len.to(torch.int32)
+    out_tokens = as_dtype(accept_tokens, torch.int64).clamp(min=0)
+    new_seq_lens = prefix_lens + as_dtype(accept_len, prefix_lens.dtype)
+    return commit_lens - 1, commit_lens, as_dtype(bonus, torch.int64), out_tokens, new_seq_lens
+
+
+def walk_accept(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    target_tokens: torch.Tensor,
+    max_depth: int,
+    prefix_lens: torch.Tensor,
+) -> Accept:
+    """`verify_walk` in DFlash's accept outputs (`accept_outputs`), with the path's nodes."""
+    walk = verify_walk(tokens, parents, target_tokens, max_depth)
+    outputs = accept_outputs(walk.accept_len, walk.accept_tokens, walk.bonus, prefix_lens)
+    return Accept(*outputs, walk.accept_index)
 
 
 def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor, rows: int = 0) -> Commit:

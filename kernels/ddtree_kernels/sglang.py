@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_kernels import ops
+from ddtree_kernels.reference import accept_outputs
 from ddtree_kernels.types import Tree, Walk
 
 API_VERSION = 1
@@ -504,11 +505,13 @@ def propose_tree(
     )
 
 
-# Per-shape constants of the step, built for the largest batch seen and shared between steps
-# (a step reads the first bs rows, views, no launch): key -> (capacity, tensors). A replaced set
-# stays referenced, as a step still queued on the GPU may read it. Nothing may write into them.
+# Per-shape constants of the step, built for the largest batch seen and shared between steps:
+# key -> (capacity, tensors), and (key, bs) -> the first bs rows of each, views made once, so a
+# step at any batch size dispatches nothing for them (a slice is a dispatched call, and batch 1
+# after a larger batch is the common case). A view keeps its storage alive after a rebuild, as a
+# step still queued on the GPU may read it. Nothing may write into them.
 _ROW_CONSTANTS: dict[tuple[Any, ...], tuple[int, tuple[torch.Tensor, ...]]] = {}
-_RETIRED: list[tuple[torch.Tensor, ...]] = []
+_ROW_VIEWS: dict[tuple[tuple[Any, ...], int], tuple[torch.Tensor, ...]] = {}
 
 
 def _first_rows(
@@ -516,13 +519,17 @@ def _first_rows(
 ) -> tuple[torch.Tensor, ...]:
     """The first `bs` rows of `build(capacity)`'s tensors for `key`, rebuilt only when a larger
     batch comes (to twice the old capacity, so a growing batch rebuilds a few times at most)."""
+    views = _ROW_VIEWS.get((key, bs))
+    if views is not None:
+        return views
     capacity, tensors = _ROW_CONSTANTS.get(key, (0, ()))
     if capacity < bs:
-        _RETIRED.append(tensors)
         capacity = max(bs, 2 * capacity)
         tensors = build(capacity)
         _ROW_CONSTANTS[key] = (capacity, tensors)
-    return tensors if capacity == bs else tuple(t[:bs] for t in tensors)
+    views = tensors if capacity == bs else tuple(t[:bs] for t in tensors)
+    _ROW_VIEWS[(key, bs)] = views
+    return views
 
 
 def _chain_links(bs: int, width: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -627,21 +634,6 @@ def walk_from_sampling(
     return local, accept_len, tokens, bonus
 
 
-def accept_outputs(
-    accept_len: torch.Tensor,
-    accept_tokens: torch.Tensor,
-    bonus: torch.Tensor,
-    prefix_lens: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """DFlash's accept outputs from a tree walk: (accepted drafts int32, commit_lens int32,
-    bonus int64, out_tokens [bs, A] int64 with the committed tokens first and 0 after,
-    new_seq_lens)."""
-    commit_lens = accept_len.to(torch.int32)
-    out_tokens = ops.as_dtype(accept_tokens, torch.int64).clamp(min=0)
-    new_seq_lens = prefix_lens + ops.as_dtype(accept_len, prefix_lens.dtype)
-    return commit_lens - 1, commit_lens, ops.as_dtype(bonus, torch.int64), out_tokens, new_seq_lens
-
-
 # What a release's tree rejection sampler hook returns: (accepted drafts [bs], global
 # accept_index [bs, >= path] -1 padded, predicts [bs * W]).
 SampledWalk = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -663,16 +655,13 @@ def accept_tree(
     its outputs are laid out as the walk's. A path holds at most `path_len` = B nodes.
     """
     bs, width = tree.tokens.shape
-    if sample is not None:
-        correct_len, accept_index, predicts = sample()
-        nodes, accept_len, accept_tokens, bonus = walk_from_sampling(
-            predicts, accept_index[:, :path_len], correct_len, width
-        )
-    else:
+    if sample is None:  # one kernel: the walk over the argmax and the outputs
         target = torch.argmax(next_token_logits, dim=-1).view(bs, width)  # int64
-        nodes, accept_len, accept_tokens, bonus = ops.verify_walk(
-            tree.tokens, tree.parents, target, path_len - 1
-        )
+        return tuple(ops.walk_accept(tree.tokens, tree.parents, target, path_len - 1, prefix_lens))
+    correct_len, accept_index, predicts = sample()
+    nodes, accept_len, accept_tokens, bonus = walk_from_sampling(
+        predicts, accept_index[:, :path_len], correct_len, width
+    )
     return (*accept_outputs(accept_len, accept_tokens, bonus, prefix_lens), nodes)
 
 
@@ -990,11 +979,12 @@ class Step:
         """`accept`'s greedy walk over the target's token at every node [bs, W] that the release
         picked itself (added for 0.5.19+, whose SpecTpSync broadcasts the argmax from TP rank 0
         first, so every rank walks rank 0's choice); `accept` on that argmax, outputs alike."""
-        nodes, accept_len, tokens, bonus = walk_tree(
-            self.tree.tokens, self.tree.parents, target_tokens, self.block_size
-        )
+        *outputs, nodes = ops.walk_accept(
+            self.tree.tokens, self.tree.parents, ops.as_dtype(target_tokens, torch.int64),
+            self.block_size - 1, self.prefix_lens,
+        )  # fmt: skip
         self._keep_path(nodes)
-        return accept_outputs(accept_len, tokens, bonus, self.prefix_lens)
+        return tuple(outputs)
 
     def _keep_path(self, nodes: torch.Tensor) -> None:
         """The accepted path's nodes [bs, A] in tree mode; a chain keeps none (see the class)."""

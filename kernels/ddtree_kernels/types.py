@@ -43,6 +43,18 @@ class Walk(NamedTuple):
     bonus: torch.Tensor  # [B] int64; target token at the last accepted node (next root)
 
 
+class Accept(NamedTuple):
+    """A walk in the form DFlash's accept returns it (its five outputs), with the path's nodes:
+    what `walk_accept` gives in one kernel where the walk and five conversions took six calls."""
+
+    accepted_drafts: torch.Tensor  # [B] int32; accepted draft tokens (accept_len - 1)
+    commit_lens: torch.Tensor  # [B] int32; committed tokens (accept_len)
+    bonus: torch.Tensor  # [B] int64; the target's token at the last accepted node
+    out_tokens: torch.Tensor  # [B, A] int64; the committed tokens first, 0 after
+    new_seq_lens: torch.Tensor  # [B], prefix_lens' dtype; prefix_lens + commit_lens
+    accept_index: torch.Tensor  # [B, A] int64; the walk's accepted nodes, root first, -1 padded
+
+
 class Commit(NamedTuple):
     """What commits the accepted path to the front of each verify window: the KV moves, as
     SGLang's `move_kv_cache(target, source)` takes them, and the hidden rows' new order."""

@@ -1,4 +1,4 @@
-"""TEST DOUBLE for the CUDA extension on a machine without a GPU: `torch.ops.ddtree`'s five ops,
+"""TEST DOUBLE for the CUDA extension on a machine without a GPU: `torch.ops.ddtree`'s six ops,
 registered from the extension's own schemas (read out of csrc/ops.cpp) with CPU kernels that make
 the extension's input checks (dtype, shape, contiguity: `check_tensor` in csrc/common.cuh) and
 return the torch reference's values. So the Python wrappers' CUDA path in `ops.py` runs, and is
@@ -80,6 +80,22 @@ def _verify_walk(
     return tuple(reference.verify_walk(tokens, parents, target, width - 1))
 
 
+def _walk_accept(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    target: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    width: int,
+) -> tuple[torch.Tensor, ...]:
+    batch, n = tokens.shape
+    for t in (tokens, parents, target):
+        _check_tensor(t, torch.int64, (batch, n))
+    assert prefix_lens.dtype in (torch.int32, torch.int64), "extension refuses prefix_lens' dtype"
+    _check_tensor(prefix_lens, prefix_lens.dtype, (batch,))
+    assert width >= 1, "extension refuses a walk narrower than the root"
+    return tuple(reference.walk_accept(tokens, parents, target, width - 1, prefix_lens))
+
+
 def _commit_indices(
     accept_index: torch.Tensor, cache_loc: torch.Tensor, rows: int
 ) -> tuple[torch.Tensor, ...]:
@@ -102,6 +118,7 @@ OPS: dict[str, Callable[..., object]] = {
     "topk_logprobs": _topk_logprobs,
     "build_tree": _build_tree,
     "verify_walk": _verify_walk,
+    "walk_accept": _walk_accept,
     "commit_indices": _commit_indices,
     "sample_tokens": _sample_tokens,
 }

@@ -17,6 +17,7 @@ pytestmark = [
 
 def _assert_same(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> None:
     for name, a, b in zip(type(want)._fields, got, want, strict=True):
+        assert a.dtype == b.dtype, f"{name} is {a.dtype}, the reference's {b.dtype}"
         assert torch.equal(a.cpu(), b.cpu()), f"{name} differs"
 
 
@@ -106,6 +107,12 @@ def test_cuda_walk_and_commit_match_reference(
     _assert_same(got, want)
     assert int(got.accept_len.max()) > 2  # the case exercises real paths
     cache_loc = torch.randperm(batch * (budget + 1), device="cuda").view(batch, -1)
+    lens = torch.arange(batch, device="cuda") * 3
+    for prefix in (lens, lens.int()):  # SGLang's sequence lengths: new_seq_lens keeps the dtype
+        _assert_same(
+            ops.walk_accept(tree.tokens, tree.parents, target, max_depth, prefix),
+            reference.walk_accept(tree.tokens, tree.parents, target, max_depth, prefix),
+        )
     rows = cache_loc.numel() + 3  # with trailing alignment padding
     _assert_same(
         ops.commit_indices(got.accept_index, cache_loc, rows),

@@ -77,6 +77,24 @@ def test_verify_walk_follows_target_tokens_on_random_trees() -> None:
         assert int(walk.bonus[b]) == int(target[b, last])
 
 
+@pytest.mark.parametrize("prefix_dtype", [torch.int32, torch.int64])
+def test_walk_accept_gives_dflashs_accept_outputs_of_the_walk(prefix_dtype: torch.dtype) -> None:
+    """Two requests of the hand-checked tree: one takes nodes 1 and 3, one only the root."""
+    tree = _hand_tree()
+    tokens, parents = tree.tokens.expand(2, -1), tree.parents.expand(2, -1)
+    target = torch.tensor([[10, 21, 5, 99, 6], [12, 21, 5, 99, 6]])
+    prefix = torch.tensor([40, 7], dtype=prefix_dtype)
+    got = reference.walk_accept(tokens, parents, target, 2, prefix)
+    assert got.accepted_drafts.tolist() == [2, 0]
+    assert got.commit_lens.tolist() == [3, 1]
+    assert got.accepted_drafts.dtype == got.commit_lens.dtype == torch.int32
+    assert got.bonus.tolist() == [99, 12]
+    assert got.out_tokens.tolist() == [[10, 21, 99], [12, 0, 0]]  # committed first, 0 after
+    assert got.new_seq_lens.tolist() == [43, 8]
+    assert got.new_seq_lens.dtype == prefix_dtype
+    assert got.accept_index.tolist() == [[0, 1, 3], [0, -1, -1]]
+
+
 def test_commit_indices_moves_accepted_kv_to_consecutive_slots() -> None:
     accept_index = torch.tensor([[0, 2, 5, -1], [0, -1, -1, -1]])
     cache_loc = torch.arange(12).view(2, 6) * 2 + 100  # ascending slots per request

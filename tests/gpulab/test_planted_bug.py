@@ -104,14 +104,24 @@ def test_a_full_path_has_no_slot_left() -> None:
     assert same.accept_index.tolist() == [[0, 1]]
 
 
-def test_install_changes_what_ops_verify_walk_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_changes_what_both_walks_of_ops_return(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module's greedy accept walks through `walk_accept`, v1 sets through `verify_walk`:
+    the plant reaches both, or a gate run against it would pass as "the gate missed it"."""
     monkeypatch.setattr(ops, "verify_walk", ops.verify_walk)  # restored after the test
+    monkeypatch.setattr(ops, "walk_accept", ops.walk_accept)
     tree = _hand_tree()
     target = torch.tensor([[10, 22, 5, 99, 6]])
+    prefix = torch.tensor([30])
     assert ops.verify_walk(tree.tokens, tree.parents, target, 2).accept_len.tolist() == [2]
+    assert ops.walk_accept(tree.tokens, tree.parents, target, 2, prefix).commit_lens.tolist() == [2]
     install()
     walk = ops.verify_walk(tree.tokens, tree.parents, target, 2)
     assert walk.accept_index.tolist() == [[0, 1, 2]]
+    accept = ops.walk_accept(tree.tokens, tree.parents, target, 2, prefix)
+    assert accept.accept_index.tolist() == [[0, 1, 2]]
+    assert accept.commit_lens.tolist() == [3]
+    assert accept.out_tokens.tolist() == [[10, 20, 5]]  # 20 committed where 22 belonged
+    assert accept.new_seq_lens.tolist() == [33]
 
 
 _PROBE = """

@@ -3,8 +3,8 @@
 `take_a_wrong_child` turns a correct verify walk into one that also accepts the last accepted
 node's first child, a draft token the target did not pick: the wrong-child bug a tree walk can
 have (following the drafter's best branch instead of the target's choice). A server whose
-`ddtree_kernels.ops.verify_walk` is wrapped by `install()` commits such tokens whenever the
-tree offers one, so the gate, which judges divergences from DFLASH by the target's own scores,
+`ddtree_kernels.ops` walks (`verify_walk`, and `walk_accept`, the same walk in DFlash's accept
+outputs) are wrapped by `install()` commits such tokens whenever the tree offers one, so the gate, which judges divergences from DFLASH by the target's own scores,
 must fail it. The GPU lab plants it in one server through `plant/sitecustomize.py`.
 
 Never imported by the product: only the lab and tests load it.
@@ -13,7 +13,8 @@ Never imported by the product: only the lab and tests load it.
 from __future__ import annotations
 
 import torch
-from ddtree_kernels.types import Walk
+from ddtree_kernels.reference import accept_outputs
+from ddtree_kernels.types import Accept, Walk
 
 BUGS = ("wrong_child",)  # the values DDTREE_LAB_PLANTED_BUG may take
 
@@ -50,10 +51,12 @@ def take_a_wrong_child(
 
 
 def install() -> None:
-    """Wrap `ddtree_kernels.ops.verify_walk` with `take_a_wrong_child` in this process.
+    """Wrap `ddtree_kernels.ops.verify_walk` and `walk_accept` with `take_a_wrong_child` in this
+    process.
 
-    The patched SGLang looks the op up on the module at every verify (`ops.verify_walk`,
-    `self._ddtree_ops.verify_walk`), so replacing the module attribute reaches it.
+    The patched SGLang looks the ops up on the module at every verify (`ops.verify_walk`,
+    `self._ddtree_ops.verify_walk`; the module's greedy accept `ops.walk_accept`), so replacing
+    the module attributes reaches them.
     """
     from ddtree_kernels import ops
 
@@ -65,4 +68,16 @@ def install() -> None:
         walk = correct(tokens, parents, target_tokens, max_depth)
         return take_a_wrong_child(walk, tokens, parents, target_tokens)
 
+    def planted_accept(
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        target_tokens: torch.Tensor,
+        max_depth: int,
+        prefix_lens: torch.Tensor,
+    ) -> Accept:
+        walk = planted(tokens, parents, target_tokens, max_depth)
+        outputs = accept_outputs(walk.accept_len, walk.accept_tokens, walk.bonus, prefix_lens)
+        return Accept(*outputs, walk.accept_index)
+
     ops.verify_walk = planted
+    ops.walk_accept = planted_accept

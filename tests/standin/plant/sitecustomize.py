@@ -2,7 +2,7 @@
 
 Python imports `sitecustomize` from sys.path at start, in the server and in every process it
 spawns (the scheduler, where verify runs), so with `DDTREE_LAB_PLANTED_BUG=wrong_child` each of
-them wraps `ddtree_kernels.ops.verify_walk` before SGLang loads, and says so on stderr (the lab
+them wraps the walks of `ddtree_kernels.ops` before SGLang loads, and says so on stderr (the lab
 looks for that line: a plant that failed would otherwise pass as "the gate missed it"). Without
 the variable it changes nothing. Any other `sitecustomize` on the path (the interpreter's own)
 still runs after it.
