@@ -73,6 +73,11 @@ try:
     lens = torch.tensor([3, 0, 11], dtype=torch.int32)  # int32, as some releases' seq_lens
     same("walk_accept", ops.walk_accept(tree.tokens, tree.parents, target.to(dev), 5, lens.to(dev)),
          reference.walk_accept(want_tree.tokens, want_tree.parents, target, 5, lens))
+    same_rows = torch.equal(ops.path_rows(walk.accept_index, 13).cpu(),
+                            reference.path_rows(want_walk.accept_index, 13))
+    if not same_rows:
+        out["failures"].append("path_rows differs from the reference")
+    out["checks"].append("path_rows")
     cache_loc = torch.randperm(3 * 13, generator=gen).view(3, 13)
     rows = 3 * 13 + 5  # the verify rows with trailing alignment padding
     same("commit_indices", ops.commit_indices(walk.accept_index, cache_loc.to(dev), rows),

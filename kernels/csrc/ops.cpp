@@ -24,6 +24,7 @@ TORCH_LIBRARY(ddtree, m) {
   m.def(
       "commit_indices(Tensor accept_index, Tensor cache_loc, int rows) -> "
       "(Tensor kv_target, Tensor kv_source, Tensor row_order)");
+  m.def("path_rows(Tensor accept_index, int width) -> Tensor");
   m.def("sample_tokens(Tensor logits, Tensor temperatures, Tensor uniforms) -> Tensor");
 }
 
@@ -33,6 +34,7 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("verify_walk", &ddtree::verify_walk_cuda);
   m.impl("walk_accept", &ddtree::walk_accept_cuda);
   m.impl("commit_indices", &ddtree::commit_indices_cuda);
+  m.impl("path_rows", &ddtree::path_rows_cuda);
   m.impl("sample_tokens", &ddtree::sample_tokens_cuda);
 }
 

@@ -27,6 +27,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> commit_indices_cuda(const at::Ten
                                                                    const at::Tensor& cache_loc,
                                                                    int64_t rows);
 
+at::Tensor path_rows_cuda(const at::Tensor& accept_index, int64_t width);
+
 at::Tensor sample_tokens_cuda(const at::Tensor& logits, const at::Tensor& temperatures,
                               const at::Tensor& uniforms);
 

@@ -1,5 +1,5 @@
 // Verify walk (one warp per request, tree staged in shared memory), alone or with DFlash's accept
-// outputs, and commit indices.
+// outputs, commit indices and the path-first row permutation.
 //
 // The walk follows, from the root, the child whose token equals the target's token at the current
 // node; the warp checks all nodes in parallel at each step (lowest matching index wins), so a step
@@ -129,6 +129,28 @@ __global__ void commit_indices_kernel(const int64_t* __restrict__ accept_index,
   }
 }
 
+// One thread per verify row (b, i): node i's place in request b's permutation, its position on
+// the accepted path, or past the path in node order (the path's length plus the nodes below i
+// that are off it). The path is packed from the root, -1 after.
+__global__ void path_rows_kernel(const int64_t* __restrict__ accept_index, int64_t batch,
+                                 int width, int path_width, int64_t* __restrict__ rows) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= batch * width) return;
+  const int64_t b = idx / width;
+  const int i = static_cast<int>(idx - b * width);
+  const int64_t* path = accept_index + b * path_width;
+  int len = 0, below = 0, at = -1;
+  for (int j = 0; j < path_width; ++j) {
+    const int64_t node = path[j];
+    if (node < 0) continue;
+    ++len;
+    if (node < i) ++below;
+    if (node == i) at = j;
+  }
+  const int place = at >= 0 ? at : len + (i - below);
+  rows[b * width + place] = idx;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_walk_cuda(
@@ -206,6 +228,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> commit_indices_cuda(const at::Ten
       row_order.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {moves[0], moves[1], row_order};
+}
+
+at::Tensor path_rows_cuda(const at::Tensor& accept_index, int64_t width) {
+  check_cuda(accept_index, "accept_index");
+  TORCH_CHECK(accept_index.dim() == 2 && accept_index.size(1) <= width,
+              "ddtree: accept_index must be [B, A] with A <= width (", width, ")");
+  const int64_t batch = accept_index.size(0), path_width = accept_index.size(1);
+  check_tensor(accept_index, "accept_index", at::kLong, {batch, path_width});
+  const c10::cuda::CUDAGuard guard(accept_index.device());
+  const at::Tensor rows = at::empty({batch * width}, accept_index.options());
+  if (rows.numel() == 0) return rows;
+  constexpr int kThreads = 128;
+  path_rows_kernel<<<ceil_div(batch * width, kThreads), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      accept_index.data_ptr<int64_t>(), batch, static_cast<int>(width),
+      static_cast<int>(path_width), rows.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return rows;
 }
 
 }  // namespace ddtree

@@ -29,6 +29,7 @@ __all__ = [
     "check_tree_limits",
     "commit_indices",
     "custom_mask_numel",
+    "path_rows",
     "require_cuda",
     "sample_tokens",
     "topk_logprobs",
@@ -160,6 +161,14 @@ def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor, rows: in
     return Commit(*torch.ops.ddtree.commit_indices(
         accept_index.contiguous(), as_dtype(cache_loc, torch.int64).contiguous(), rows
     ))  # fmt: skip
+
+
+def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
+    """The verify rows [B * W] with each accepted path first, then the other nodes in node
+    order; see the reference. CUDA: one kernel where the sort took eight calls."""
+    if backend_for(accept_index) is Backend.REFERENCE:
+        return reference.path_rows(accept_index, width)
+    return torch.ops.ddtree.path_rows(accept_index.contiguous(), width)
 
 
 def sample_tokens(

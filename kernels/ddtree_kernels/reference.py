@@ -343,6 +343,23 @@ def commit_indices(accept_index: torch.Tensor, cache_loc: torch.Tensor, rows: in
     return Commit(kv_target, kv_source, row_order)
 
 
+def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
+    """A permutation [B * W] of the verify rows: each request's accepted path (`accept_index`
+    [B, A], local, root first, -1 padded, A <= W) first, then its other nodes in node order.
+    Indexing a window's slots, tokens or hidden rows with it lays the path out as a chain's
+    committed prefix and keeps every other row. Defined as one sort of per-node keys: a path
+    node's is its position, any other's W + its index."""
+    batch, a = accept_index.shape
+    if a > width:
+        raise ValueError(f"accept_index {tuple(accept_index.shape)} is wider than width={width}")
+    dev = accept_index.device
+    key = torch.arange(width, 2 * width + 1, device=dev).repeat(batch, 1)  # a spare column W
+    on_path = torch.arange(a, device=dev).expand(batch, a)
+    key.scatter_(1, torch.where(accept_index >= 0, accept_index, width), on_path)
+    first_row = torch.arange(batch, device=dev).unsqueeze(1) * width
+    return (torch.argsort(key[:, :width], dim=1) + first_row).reshape(-1)
+
+
 def sample_tokens(
     logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor
 ) -> torch.Tensor:

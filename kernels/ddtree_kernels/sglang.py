@@ -858,34 +858,12 @@ def walk_tree(
     return ops.verify_walk(tokens, parents, ops.as_dtype(target_tokens, torch.int64), path_len - 1)
 
 
-def _path_row_keys(
-    bs: int, width: int, path_width: int, device: torch.device
-) -> tuple[torch.Tensor, ...]:
-    """`path_rows`' constants: each node's sort key off the path (W + node, and a spare column W
-    for padding to land in), each path position's key (its position), each request's first row."""
-
-    def build(capacity: int) -> tuple[torch.Tensor, ...]:
-        off_path = torch.arange(width, 2 * width + 1, device=device).expand(capacity, width + 1)
-        on_path = torch.arange(path_width, device=device).expand(capacity, path_width)
-        first_row = torch.arange(capacity, device=device).unsqueeze(1) * width
-        return off_path.contiguous(), on_path.contiguous(), first_row
-
-    return _first_rows(("path", width, path_width, device), bs, build)
-
-
 def path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
     """A permutation [bs * W] of the verify rows: each request's accepted path (`accept_index`
     [bs, A], local, root first, -1 padded) first, then its other nodes in node order. Indexing a
     window's slots, tokens or hidden rows with it lays the path out as DFLASH's committed
-    prefix, and keeps every other row (each is freed or dropped once, as DFLASH's would be).
-    One sort of per-node keys: a path node's is its position, any other's W + its index."""
-    bs, path_width = accept_index.shape
-    off_path, on_path, first_row = _path_row_keys(
-        int(bs), int(width), int(path_width), accept_index.device
-    )
-    key = off_path.clone()
-    key.scatter_(1, torch.where(accept_index >= 0, accept_index, width), on_path)
-    return (torch.argsort(key[:, :width], dim=1) + first_row).reshape(-1)
+    prefix, and keeps every other row (each is freed or dropped once, as DFLASH's would be)."""
+    return ops.path_rows(accept_index, width)
 
 
 # ------------------------------------------------------------------ the worker's verify step

@@ -1,4 +1,4 @@
-"""TEST DOUBLE for the CUDA extension on a machine without a GPU: `torch.ops.ddtree`'s six ops,
+"""TEST DOUBLE for the CUDA extension on a machine without a GPU: `torch.ops.ddtree`'s ops,
 registered from the extension's own schemas (read out of csrc/ops.cpp) with CPU kernels that make
 the extension's input checks (dtype, shape, contiguity: `check_tensor` in csrc/common.cuh) and
 return the torch reference's values. So the Python wrappers' CUDA path in `ops.py` runs, and is
@@ -104,6 +104,13 @@ def _commit_indices(
     return tuple(reference.commit_indices(accept_index, cache_loc, rows))
 
 
+def _path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
+    _check_tensor(accept_index, torch.int64, tuple(accept_index.shape))
+    assert accept_index.dim() == 2, "extension refuses accept_index that is not [B, A]"
+    assert accept_index.shape[1] <= width, "extension refuses a path wider than the window"
+    return reference.path_rows(accept_index, width)
+
+
 def _sample_tokens(
     logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor
 ) -> torch.Tensor:
@@ -120,6 +127,7 @@ OPS: dict[str, Callable[..., object]] = {
     "verify_walk": _verify_walk,
     "walk_accept": _walk_accept,
     "commit_indices": _commit_indices,
+    "path_rows": _path_rows,
     "sample_tokens": _sample_tokens,
 }
 

@@ -113,6 +113,8 @@ def test_cuda_walk_and_commit_match_reference(
             ops.walk_accept(tree.tokens, tree.parents, target, max_depth, prefix),
             reference.walk_accept(tree.tokens, tree.parents, target, max_depth, prefix),
         )
+    assert torch.equal(ops.path_rows(got.accept_index, budget + 1),
+                       reference.path_rows(want.accept_index, budget + 1))  # fmt: skip
     rows = cache_loc.numel() + 3  # with trailing alignment padding
     _assert_same(
         ops.commit_indices(got.accept_index, cache_loc, rows),

@@ -38,6 +38,8 @@ def test_the_wrappers_cuda_path_gives_the_references_tree_walk_and_commit(
     for got, expected in zip(walk, reference.verify_walk(tree.tokens, tree.parents, target, 15),
                              strict=True):  # fmt: skip
         assert torch.equal(got, expected)
+    rows = ops.path_rows(walk.accept_index, 16)
+    assert torch.equal(rows, reference.path_rows(walk.accept_index, 16))
     prefix32 = prefix.int()  # SGLang's seq_lens may be int32: the outputs keep it
     accept = ops.walk_accept(tree.tokens, tree.parents, target, 15, prefix32)
     want_accept = reference.walk_accept(tree.tokens, tree.parents, target, 15, prefix32)

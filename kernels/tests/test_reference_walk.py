@@ -124,6 +124,28 @@ def test_commit_indices_refuses_fewer_rows_than_the_windows_hold() -> None:
         reference.commit_indices(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3), 5)
 
 
+def _path_first(accept_index: list[list[int]], width: int) -> list[int]:
+    """The definition, spelled out: each path, then the rest of its window in node order."""
+    rows = []
+    for b, path in enumerate(accept_index):
+        nodes = [n for n in path if n >= 0]
+        rest = [i for i in range(width) if i not in nodes]
+        rows += [b * width + i for i in nodes + rest]
+    return rows
+
+
+def test_path_rows_put_each_walks_path_first_on_random_trees() -> None:
+    g = torch.Generator().manual_seed(4)
+    for width, depth in ((16, 15), (24, 15), (64, 7)):
+        logp, ids = random_topk(5, depth, 4, 6, seed=width)
+        tree = reference.build_tree(logp, ids, torch.zeros(5, dtype=torch.int64),
+                                    torch.zeros(5, dtype=torch.int64), width - 1)  # fmt: skip
+        target = torch.randint(0, 6, (5, width), generator=g)
+        walk = reference.verify_walk(tree.tokens, tree.parents, target, depth)
+        rows = reference.path_rows(walk.accept_index, width)
+        assert rows.tolist() == _path_first(walk.accept_index.tolist(), width)
+
+
 def test_sample_tokens_is_argmax_with_ties_to_smaller_id_at_zero_temperature() -> None:
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 1.0, 2.0, 5.0]])
     got = reference.sample_tokens(logits, torch.zeros(2), torch.tensor([0.3, 0.9]))
