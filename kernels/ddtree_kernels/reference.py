@@ -304,8 +304,12 @@ def walk_accept(
     max_depth: int,
     prefix_lens: torch.Tensor,
 ) -> Accept:
-    """`verify_walk` in DFlash's accept outputs (`accept_outputs`), with the path's nodes."""
-    walk = verify_walk(tokens, parents, target_tokens, max_depth)
+    """`verify_walk` in DFlash's accept outputs, with the path's nodes (`as_accept`)."""
+    return as_accept(verify_walk(tokens, parents, target_tokens, max_depth), prefix_lens)
+
+
+def as_accept(walk: Walk, prefix_lens: torch.Tensor) -> Accept:
+    """`walk`'s DFlash accept outputs (`accept_outputs`), with its path's nodes."""
     outputs = accept_outputs(walk.accept_len, walk.accept_tokens, walk.bonus, prefix_lens)
     return Accept(*outputs, walk.accept_index)
 

@@ -12,8 +12,10 @@ Never imported by the product: only the lab and tests load it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from ddtree_kernels.reference import accept_outputs
+from ddtree_kernels.reference import as_accept
 from ddtree_kernels.types import Accept, Walk
 
 BUGS = ("wrong_child",)  # the values DDTREE_LAB_PLANTED_BUG may take
@@ -68,16 +70,9 @@ def install() -> None:
         walk = correct(tokens, parents, target_tokens, max_depth)
         return take_a_wrong_child(walk, tokens, parents, target_tokens)
 
-    def planted_accept(
-        tokens: torch.Tensor,
-        parents: torch.Tensor,
-        target_tokens: torch.Tensor,
-        max_depth: int,
-        prefix_lens: torch.Tensor,
-    ) -> Accept:
-        walk = planted(tokens, parents, target_tokens, max_depth)
-        outputs = accept_outputs(walk.accept_len, walk.accept_tokens, walk.bonus, prefix_lens)
-        return Accept(*outputs, walk.accept_index)
+    def planted_accept(*args: Any) -> Accept:  # ops.walk_accept's arguments, positional
+        *walk_args, prefix_lens = args
+        return as_accept(planted(*walk_args), prefix_lens)
 
     ops.verify_walk = planted
     ops.walk_accept = planted_accept
