@@ -195,7 +195,7 @@ def test_cuda_ops_capture_and_replay_in_a_cuda_graph() -> None:
         roots.copy_(torch.randint(0, vocab, (batch,), device="cuda", generator=gen))
         prefix.copy_(torch.full((batch,), 100, device="cuda"))
 
-    def step() -> tuple[tuple[torch.Tensor, ...], ...]:
+    def step() -> tuple[tuple[torch.Tensor, ...] | torch.Tensor, ...]:
         topk = ops.topk_logprobs(logits, k)
         tree = ops.build_tree(topk.logp, topk.ids, roots, prefix, budget, prefix_sum)
         # Target "agrees" with the draft's best child where the root says so: deterministic.
@@ -207,7 +207,9 @@ def test_cuda_ops_capture_and_replay_in_a_cuda_graph() -> None:
             )
         )
         walk = ops.verify_walk(tree.tokens, tree.parents, target, max_depth)
-        return topk, tree, walk, ops.commit_indices(walk.accept_index, cache_loc, rows)
+        commit = ops.commit_indices(walk.accept_index, cache_loc, rows)
+        accept = ops.walk_accept(tree.tokens, tree.parents, target, max_depth, prefix)
+        return topk, tree, walk, commit, accept, ops.path_rows(walk.accept_index, n)
 
     fill()
     step()  # warm up (workspace, lazy init) outside capture
@@ -227,6 +229,9 @@ def test_cuda_ops_capture_and_replay_in_a_cuda_graph() -> None:
         _assert_same(outs[2], walk)
         assert int(walk.accept_len.min()) >= 2  # the target follows first children
         _assert_same(outs[3], reference.commit_indices(walk.accept_index, cache_loc, rows))
+        _assert_same(outs[4], reference.walk_accept(tree.tokens, tree.parents, target, max_depth,
+                                                    prefix))  # fmt: skip
+        assert torch.equal(outs[5], reference.path_rows(walk.accept_index, n))
 
 
 def test_cuda_build_tree_takes_a_column_of_the_block_ids() -> None:
