@@ -70,13 +70,20 @@ def _build_tree(
     return tuple(reference.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_sum))
 
 
-def _verify_walk(
+def _check_walk_inputs(
     tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor, width: int
-) -> tuple[torch.Tensor, ...]:
+) -> None:
+    """The extension's `check_walk_inputs`, which both walk ops make."""
     batch, n = tokens.shape
     for t in (tokens, parents, target):
         _check_tensor(t, torch.int64, (batch, n))
     assert width >= 1, "extension refuses a walk narrower than the root"
+
+
+def _verify_walk(
+    tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor, width: int
+) -> tuple[torch.Tensor, ...]:
+    _check_walk_inputs(tokens, parents, target, width)
     return tuple(reference.verify_walk(tokens, parents, target, width - 1))
 
 
@@ -87,12 +94,9 @@ def _walk_accept(
     prefix_lens: torch.Tensor,
     width: int,
 ) -> tuple[torch.Tensor, ...]:
-    batch, n = tokens.shape
-    for t in (tokens, parents, target):
-        _check_tensor(t, torch.int64, (batch, n))
+    _check_walk_inputs(tokens, parents, target, width)
     assert prefix_lens.dtype in (torch.int32, torch.int64), "extension refuses prefix_lens' dtype"
-    _check_tensor(prefix_lens, prefix_lens.dtype, (batch,))
-    assert width >= 1, "extension refuses a walk narrower than the root"
+    _check_tensor(prefix_lens, prefix_lens.dtype, (tokens.shape[0],))
     return tuple(reference.walk_accept(tokens, parents, target, width - 1, prefix_lens))
 
 
