@@ -66,10 +66,12 @@ inline void check_cuda(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), "ddtree: ", name, " must be a CUDA tensor");
 }
 
-// An input's dtype, shape and layout, as the kernels read it.
+// An input's device (the op's first input's: a kernel launched there cannot read another GPU's
+// memory), dtype, shape and layout, as the kernels read it.
 inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype,
-                         at::IntArrayRef shape) {
+                         at::IntArrayRef shape, const at::Device& device) {
   check_cuda(t, name);
+  TORCH_CHECK(t.device() == device, "ddtree: ", name, " must be on ", device, " with the op's other inputs, got ", t.device());
   TORCH_CHECK(t.scalar_type() == dtype, "ddtree: ", name, " must be ", dtype, ", got ", t.scalar_type());
   TORCH_CHECK(t.sizes() == shape, "ddtree: ", name, " must have shape ", shape, ", got ", t.sizes());
   TORCH_CHECK(t.is_contiguous(), "ddtree: ", name, " must be contiguous");

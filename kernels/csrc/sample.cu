@@ -139,8 +139,8 @@ at::Tensor sample_tokens_cuda(const at::Tensor& logits, const at::Tensor& temper
   check_cuda(logits, "logits");
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "ddtree: logits must be [R, V] with contiguous rows");
   const int64_t rows = logits.size(0);
-  check_tensor(temperatures, "temperatures", at::kFloat, {rows});
-  check_tensor(uniforms, "uniforms", at::kFloat, {rows});
+  check_tensor(temperatures, "temperatures", at::kFloat, {rows}, logits.device());
+  check_tensor(uniforms, "uniforms", at::kFloat, {rows}, logits.device());
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
   if (rows == 0) return out;

@@ -200,8 +200,11 @@ __device__ __forceinline__ void fill_true(unsigned char* p, int64_t n, int tid, 
   for (int64_t i = head + nvec * 16 + tid; i < n; i += nthreads) p[i] = 1;
 }
 
+// Rows are placed by the device's prefix lengths, the allocation sized by the host's sum
+// (`numel`): nothing is written at or past `numel`, so a host sum that disagrees (or a graph
+// replayed at other lengths) truncates the mask instead of writing past it.
 __global__ void custom_mask_kernel(const int64_t* __restrict__ prefix_lens,
-                                   const bool* __restrict__ ancestor_mask, int n,
+                                   const bool* __restrict__ ancestor_mask, int n, int64_t numel,
                                    unsigned char* __restrict__ out) {
   const int b = blockIdx.x;
   __shared__ int64_t s_partial[kTreeThreads / 32];
@@ -219,10 +222,13 @@ __global__ void custom_mask_kernel(const int64_t* __restrict__ prefix_lens,
   const int64_t base = static_cast<int64_t>(n) * before + static_cast<int64_t>(b) * n * n;
   const int row0 = blockIdx.y * kMaskRowsPerBlock;
   for (int r = row0; r < min(n, row0 + kMaskRowsPerBlock); ++r) {
-    unsigned char* row = out + base + r * width;
-    fill_true(row, prefix, threadIdx.x, blockDim.x);
+    const int64_t start = base + r * width;
+    if (start >= numel) break;
+    const int64_t room = numel - start;
+    unsigned char* row = out + start;
+    fill_true(row, prefix < room ? prefix : room, threadIdx.x, blockDim.x);
     const bool* src = ancestor_mask + (static_cast<int64_t>(b) * n + r) * n;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) row[prefix + j] = src[j];
+    for (int j = threadIdx.x; j < n && prefix + j < room; j += blockDim.x) row[prefix + j] = src[j];
   }
 }
 
@@ -252,8 +258,7 @@ build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Tensor&
   check_cuda(logp, "logp");
   TORCH_CHECK(logp.dim() == 3 && logp.scalar_type() == at::kFloat && logp.is_contiguous(),
               "ddtree: logp must be contiguous float32 [B, L, K]");
-  TORCH_CHECK(ids.sizes() == logp.sizes() && ids.scalar_type() == at::kLong && ids.is_contiguous(),
-              "ddtree: ids must be contiguous int64 shaped like logp");
+  check_tensor(ids, "ids", at::kLong, logp.sizes(), logp.device());
   const int64_t batch = logp.size(0), L = logp.size(1), K = logp.size(2), n = budget + 1;
   TORCH_CHECK(budget >= 1 && budget <= 511, "ddtree: CUDA tree build needs 1 <= budget <= 511, got ", budget);
   TORCH_CHECK(K >= 1 && K <= 16, "ddtree: CUDA tree build needs 1 <= K <= 16, got ", K);
@@ -261,16 +266,18 @@ build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Tensor&
   const int rank_bits = std::max(1, bits_for(K - 1));
   TORCH_CHECK(L * rank_bits + bits_for(L) <= 64, "ddtree: CUDA tree build cannot key L=", L,
               " ranks of K=", K, " in 64 bits (K = 16 allows L <= 15)");
-  check_tensor(root_tokens, "root_tokens", at::kLong, {batch});
-  check_tensor(prefix_lens, "prefix_lens", at::kLong, {batch});
+  check_tensor(root_tokens, "root_tokens", at::kLong, {batch}, logp.device());
+  check_tensor(prefix_lens, "prefix_lens", at::kLong, {batch}, logp.device());
   TORCH_CHECK(mask_numel >= 0, "ddtree: mask_numel must be >= 0, got ", mask_numel);
   const c10::cuda::CUDAGuard guard(logp.device());
-  // The seven [B, N] index outputs are rows of one allocation (each row contiguous).
+  // One allocation per output, as the schema's fresh outputs promise (C++ allocations through
+  // the caching allocator: no Python dispatch, so no host cost to share one).
   const auto index = logp.options().dtype(at::kLong);
-  const std::vector<at::Tensor> links = at::empty({7, batch, n}, index).unbind(0);
-  const at::Tensor &tokens = links[0], &parents = links[1], &depths = links[2],
-                   &positions = links[3], &next_token = links[4], &next_sibling = links[5],
-                   &retrieve_index = links[6];
+  const at::Tensor tokens = at::empty({batch, n}, index), parents = at::empty({batch, n}, index),
+                   depths = at::empty({batch, n}, index), positions = at::empty({batch, n}, index),
+                   next_token = at::empty({batch, n}, index),
+                   next_sibling = at::empty({batch, n}, index),
+                   retrieve_index = at::empty({batch, n}, index);
   const at::Tensor ancestor_mask = at::empty({batch, n, n}, logp.options().dtype(at::kBool));
   const at::Tensor num_nodes = at::empty({batch}, index);
   // Sized by the caller from the host-known sum of prefix_lens (0: no flat mask wanted).
@@ -301,7 +308,7 @@ build_tree_cuda(const at::Tensor& logp, const at::Tensor& ids, const at::Tensor&
     const dim3 grid(static_cast<unsigned>(batch), ceil_div(n, kMaskRowsPerBlock));
     custom_mask_kernel<<<grid, kTreeThreads, 0, stream>>>(
         prefix_lens.data_ptr<int64_t>(), ancestor_mask.data_ptr<bool>(), static_cast<int>(n),
-        reinterpret_cast<unsigned char*>(custom_mask.data_ptr<bool>()));
+        mask_numel, reinterpret_cast<unsigned char*>(custom_mask.data_ptr<bool>()));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return outputs;

@@ -97,9 +97,9 @@ void check_walk_inputs(const at::Tensor& tokens, const at::Tensor& parents,
   check_cuda(tokens, "tokens");
   TORCH_CHECK(tokens.dim() == 2, "ddtree: tokens must be [B, N]");
   const int64_t batch = tokens.size(0), n = tokens.size(1);
-  check_tensor(tokens, "tokens", at::kLong, {batch, n});
-  check_tensor(parents, "parents", at::kLong, {batch, n});
-  check_tensor(target_tokens, "target_tokens", at::kLong, {batch, n});
+  check_tensor(tokens, "tokens", at::kLong, {batch, n}, tokens.device());
+  check_tensor(parents, "parents", at::kLong, {batch, n}, tokens.device());
+  check_tensor(target_tokens, "target_tokens", at::kLong, {batch, n}, tokens.device());
   TORCH_CHECK(width >= 1, "ddtree: the walk's width (max depth + 1) must be >= 1, got ", width);
 }
 
@@ -131,7 +131,8 @@ __global__ void commit_indices_kernel(const int64_t* __restrict__ accept_index,
 
 // One thread per verify row (b, i): node i's place in request b's permutation, its position on
 // the accepted path, or past the path in node order (the path's length plus the nodes below i
-// that are off it). The path is packed from the root, -1 after.
+// that are off it). The path is packed from the root, -1 after, its nodes below `width` (as the
+// walk gives it); a place another path would give past the row is not written.
 __global__ void path_rows_kernel(const int64_t* __restrict__ accept_index, int64_t batch,
                                  int width, int path_width, int64_t* __restrict__ rows) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -148,7 +149,7 @@ __global__ void path_rows_kernel(const int64_t* __restrict__ accept_index, int64
     if (node == i) at = j;
   }
   const int place = at >= 0 ? at : len + (i - below);
-  rows[b * width + place] = idx;
+  if (place < width) rows[b * width + place] = idx;
 }
 
 }  // namespace
@@ -159,12 +160,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_walk_cuda(
   check_walk_inputs(tokens, parents, target_tokens, width);
   const int64_t batch = tokens.size(0);
   const c10::cuda::CUDAGuard guard(tokens.device());
-  // [B, A] rows and [B] values, two allocations: accept_index and accept_tokens, then
-  // accept_len and bonus.
-  const std::vector<at::Tensor> paths = at::empty({2, batch, width}, tokens.options()).unbind(0);
-  const std::vector<at::Tensor> ends = at::empty({2, batch}, tokens.options()).unbind(0);
-  const at::Tensor &accept_index = paths[0], &accept_tokens = paths[1];
-  const at::Tensor &accept_len = ends[0], &bonus = ends[1];
+  const at::Tensor accept_index = at::empty({batch, width}, tokens.options()),
+                   accept_tokens = at::empty({batch, width}, tokens.options()),
+                   accept_len = at::empty({batch}, tokens.options()),
+                   bonus = at::empty({batch}, tokens.options());
   const WalkOut<int64_t> o{accept_index.data_ptr<int64_t>(), bonus.data_ptr<int64_t>(),
                            accept_len.data_ptr<int64_t>(), accept_tokens.data_ptr<int64_t>(),
                            nullptr, nullptr, nullptr, nullptr, nullptr};
@@ -179,12 +178,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const int64_t batch = tokens.size(0);
   TORCH_CHECK(prefix_lens.scalar_type() == at::kLong || prefix_lens.scalar_type() == at::kInt,
               "ddtree: prefix_lens must be int32 or int64, got ", prefix_lens.scalar_type());
-  check_tensor(prefix_lens, "prefix_lens", prefix_lens.scalar_type(), {batch});
+  check_tensor(prefix_lens, "prefix_lens", prefix_lens.scalar_type(), {batch}, tokens.device());
   const c10::cuda::CUDAGuard guard(tokens.device());
-  const std::vector<at::Tensor> paths = at::empty({2, batch, width}, tokens.options()).unbind(0);
-  const std::vector<at::Tensor> lens = at::empty({2, batch}, tokens.options().dtype(at::kInt)).unbind(0);
-  const at::Tensor &accept_index = paths[0], &out_tokens = paths[1];
-  const at::Tensor &drafts = lens[0], &commit_lens = lens[1];
+  const auto lens = tokens.options().dtype(at::kInt);
+  const at::Tensor accept_index = at::empty({batch, width}, tokens.options()),
+                   out_tokens = at::empty({batch, width}, tokens.options()),
+                   drafts = at::empty({batch}, lens), commit_lens = at::empty({batch}, lens);
   const at::Tensor bonus = at::empty({batch}, tokens.options());
   const at::Tensor new_seq_lens = at::empty({batch}, prefix_lens.options());
   if (prefix_lens.scalar_type() == at::kLong) {
@@ -212,22 +211,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> commit_indices_cuda(const at::Ten
                   accept_index.size(1) <= cache_loc.size(1),
               "ddtree: accept_index must be [B, A] and cache_loc [B, N] with A <= N");
   const int64_t batch = accept_index.size(0), width = accept_index.size(1), n = cache_loc.size(1);
-  check_tensor(accept_index, "accept_index", at::kLong, {batch, width});
-  check_tensor(cache_loc, "cache_loc", at::kLong, {batch, n});
+  check_tensor(accept_index, "accept_index", at::kLong, {batch, width}, accept_index.device());
+  check_tensor(cache_loc, "cache_loc", at::kLong, {batch, n}, accept_index.device());
   TORCH_CHECK(rows == 0 || rows >= batch * n, "ddtree: rows must be 0 or at least B * N = ",
               batch * n, ", got ", rows);
   const c10::cuda::CUDAGuard guard(accept_index.device());
-  const std::vector<at::Tensor> moves = at::empty({2, batch * width}, accept_index.options()).unbind(0);
-  const at::Tensor row_order = at::empty({rows}, accept_index.options());
+  const at::Tensor kv_target = at::empty({batch * width}, accept_index.options()),
+                   kv_source = at::empty({batch * width}, accept_index.options()),
+                   row_order = at::empty({rows}, accept_index.options());
   const int64_t threads = std::max(batch * width, rows);
-  if (threads == 0) return {moves[0], moves[1], row_order};
+  if (threads == 0) return {kv_target, kv_source, row_order};
   constexpr int kThreads = 128;
   commit_indices_kernel<<<ceil_div(threads, kThreads), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       accept_index.data_ptr<int64_t>(), cache_loc.data_ptr<int64_t>(), batch, static_cast<int>(n),
-      static_cast<int>(width), rows, moves[0].data_ptr<int64_t>(), moves[1].data_ptr<int64_t>(),
+      static_cast<int>(width), rows, kv_target.data_ptr<int64_t>(), kv_source.data_ptr<int64_t>(),
       row_order.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {moves[0], moves[1], row_order};
+  return {kv_target, kv_source, row_order};
 }
 
 at::Tensor path_rows_cuda(const at::Tensor& accept_index, int64_t width) {
@@ -235,7 +235,7 @@ at::Tensor path_rows_cuda(const at::Tensor& accept_index, int64_t width) {
   TORCH_CHECK(accept_index.dim() == 2 && accept_index.size(1) <= width,
               "ddtree: accept_index must be [B, A] with A <= width (", width, ")");
   const int64_t batch = accept_index.size(0), path_width = accept_index.size(1);
-  check_tensor(accept_index, "accept_index", at::kLong, {batch, path_width});
+  check_tensor(accept_index, "accept_index", at::kLong, {batch, path_width}, accept_index.device());
   const c10::cuda::CUDAGuard guard(accept_index.device());
   const at::Tensor rows = at::empty({batch * width}, accept_index.options());
   if (rows.numel() == 0) return rows;

@@ -99,8 +99,9 @@ def build_tree(
 
     `root_tokens` [B] int64 is each request's bonus token, `prefix_lens` [B] (int32/int64) the
     tokens already in its KV cache. `prefix_lens_sum` (host int, sum of prefix_lens) sizes the flat
-    custom mask; None skips building it. CUDA limits: K <= 16, L <= 32, budget <= 511, and
-    L * ceil(log2 K) + bits(L) <= 64 (K = 16 allows L <= 15).
+    custom mask; None skips building it. The mask is laid out by the device's `prefix_lens`: a sum
+    below theirs (a graph replayed at longer prefixes) truncates it. CUDA limits: K <= 16,
+    L <= 32, budget <= 511, and L * ceil(log2 K) + bits(L) <= 64 (K = 16 allows L <= 15).
     """
     # Both paths get the layout the kernel declares: views (a column of the block ids) are
     # copied here, once, rather than refused by one backend and accepted by the other.

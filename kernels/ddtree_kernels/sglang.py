@@ -706,12 +706,17 @@ def mamba_steps(
     steps_to_track: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Tree-node step indices for the recurrent-state commit: the last accepted node, and for
-    tracking the node at path position `steps_to_track` (-1 kept)."""
-    last = accept_index.gather(1, (commit_lens.to(torch.int64) - 1).unsqueeze(1))
+    tracking the node at path position `steps_to_track` (-1 kept).
+
+    Every node comes after its parent (the tree is built best-first), so along a path, -1
+    padded, the last accepted node is the row's largest: one reduction, where a gather at
+    `commit_lens - 1` took three launches (issue 22: a hybrid target's tree step). The path
+    holds `commit_lens` nodes, so that argument is not read; API 1 keeps it."""
+    last = accept_index.amax(dim=1)
     if steps_to_track is None:
-        return last.squeeze(1), None
+        return last, None
     node = accept_index.gather(1, steps_to_track.clamp(min=0).unsqueeze(1)).squeeze(1)
-    return last.squeeze(1), torch.where(steps_to_track >= 0, node, -1)
+    return last, node.masked_fill(steps_to_track < 0, -1)
 
 
 # ------------------------------------------------------------------ added to API 1 (worker v1)

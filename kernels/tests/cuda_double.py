@@ -1,10 +1,10 @@
 """TEST DOUBLE for the CUDA extension on a machine without a GPU: `torch.ops.ddtree`'s ops,
 registered from the extension's own schemas (read out of csrc/ops.cpp) with CPU kernels that make
-the extension's input checks (dtype, shape, contiguity: `check_tensor` in csrc/common.cuh) and
-return the torch reference's values. So the Python wrappers' CUDA path in `ops.py` runs, and is
-counted, on CPU, and a wrapper that passes what the schema does not declare fails here, as it
-would on the GPU. It says nothing of the kernels themselves (test_cuda_ops.py compares those on
-the GPU).
+the extension's input checks (device, dtype, shape, contiguity: `check_tensor` in
+csrc/common.cuh) and return the torch reference's values. So the Python wrappers' CUDA path in
+`ops.py` runs, and is counted, on CPU, and a wrapper that passes what the schema does not declare
+fails here, as it would on the GPU. It says nothing of the kernels themselves (test_cuda_ops.py
+compares those on the GPU).
 
 Each op counts as one dispatched call (bench_host.py's `Dispatched`), as on the GPU, where it is
 one custom op: torch runs an op's kernel, here the reference, outside the dispatch mode.
@@ -35,8 +35,11 @@ def extension_schemas(source: str) -> dict[str, str]:
     return schemas
 
 
-def _check_tensor(t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    """The extension's `check_tensor`."""
+def _check_tensor(
+    t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
+) -> None:
+    """The extension's `check_tensor` (`device`: the op's first input's)."""
+    assert t.device == device, f"extension refuses a tensor on {t.device}, wants {device}"
     assert t.dtype == dtype, f"extension refuses dtype {t.dtype}, wants {dtype}"
     assert tuple(t.shape) == shape, f"extension refuses shape {tuple(t.shape)}, wants {shape}"
     assert t.is_contiguous(), "extension refuses a non-contiguous tensor"
@@ -59,11 +62,11 @@ def _build_tree(
     mask_numel: int,
 ) -> tuple[torch.Tensor, ...]:
     assert logp.dim() == 3, "extension refuses logp that is not [B, L, K]"
-    _check_tensor(logp, torch.float32, tuple(logp.shape))
-    _check_tensor(ids, torch.int64, tuple(logp.shape))
+    _check_tensor(logp, torch.float32, tuple(logp.shape), logp.device)
+    _check_tensor(ids, torch.int64, tuple(logp.shape), logp.device)
     batch = logp.shape[0]
     for t in (root_tokens, prefix_lens):
-        _check_tensor(t, torch.int64, (batch,))
+        _check_tensor(t, torch.int64, (batch,), logp.device)
     prefix_sum = int(prefix_lens.sum()) if mask_numel else None
     if prefix_sum is not None:  # the kernel writes this many: a wrong size is out of bounds
         assert mask_numel == custom_mask_numel(prefix_sum, batch, budget), "mask_numel is wrong"
@@ -76,7 +79,7 @@ def _check_walk_inputs(
     """The extension's `check_walk_inputs`, which both walk ops make."""
     batch, n = tokens.shape
     for t in (tokens, parents, target):
-        _check_tensor(t, torch.int64, (batch, n))
+        _check_tensor(t, torch.int64, (batch, n), tokens.device)
     assert width >= 1, "extension refuses a walk narrower than the root"
 
 
@@ -96,20 +99,20 @@ def _walk_accept(
 ) -> tuple[torch.Tensor, ...]:
     _check_walk_inputs(tokens, parents, target, width)
     assert prefix_lens.dtype in (torch.int32, torch.int64), "extension refuses prefix_lens' dtype"
-    _check_tensor(prefix_lens, prefix_lens.dtype, (tokens.shape[0],))
+    _check_tensor(prefix_lens, prefix_lens.dtype, (tokens.shape[0],), tokens.device)
     return tuple(reference.walk_accept(tokens, parents, target, width - 1, prefix_lens))
 
 
 def _commit_indices(
     accept_index: torch.Tensor, cache_loc: torch.Tensor, rows: int
 ) -> tuple[torch.Tensor, ...]:
-    _check_tensor(accept_index, torch.int64, tuple(accept_index.shape))
-    _check_tensor(cache_loc, torch.int64, tuple(cache_loc.shape))
+    _check_tensor(accept_index, torch.int64, tuple(accept_index.shape), accept_index.device)
+    _check_tensor(cache_loc, torch.int64, tuple(cache_loc.shape), accept_index.device)
     return tuple(reference.commit_indices(accept_index, cache_loc, rows))
 
 
 def _path_rows(accept_index: torch.Tensor, width: int) -> torch.Tensor:
-    _check_tensor(accept_index, torch.int64, tuple(accept_index.shape))
+    _check_tensor(accept_index, torch.int64, tuple(accept_index.shape), accept_index.device)
     assert accept_index.dim() == 2, "extension refuses accept_index that is not [B, A]"
     assert accept_index.shape[1] <= width, "extension refuses a path wider than the window"
     return reference.path_rows(accept_index, width)
@@ -121,7 +124,7 @@ def _sample_tokens(
     assert logits.dim() == 2, "extension refuses logits that are not [R, V]"
     assert logits.stride(1) == 1, "extension refuses logits whose rows are not contiguous"
     for t in (temperatures, uniforms):
-        _check_tensor(t, torch.float32, (logits.shape[0],))
+        _check_tensor(t, torch.float32, (logits.shape[0],), logits.device)
     return reference.sample_tokens(logits, temperatures, uniforms)
 
 

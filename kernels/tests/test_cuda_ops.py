@@ -89,6 +89,47 @@ def test_cuda_build_tree_without_custom_mask() -> None:
     _assert_same(got, want)
 
 
+def test_cuda_build_tree_mask_stops_at_its_size() -> None:
+    """The flat mask is sized from the host's prefix sum and laid out by the device's lengths: a
+    host sum one short (or a graph replayed at longer prefixes) gives the mask's first entries,
+    as the reference's truncation does, and writes nothing past it."""
+    logp, ids = random_topk(4, 15, 4, 500, seed=2, device="cuda")
+    roots = torch.arange(4, device="cuda")
+    prefix = torch.tensor([7, 0, 30, 5], device="cuda")
+    short = int(prefix.sum()) - 1
+    got = ops.build_tree(logp, ids, roots, prefix, 31, short)
+    assert got.custom_mask.numel() == ops.custom_mask_numel(short, 4, 31)
+    _assert_same(got, reference.build_tree(logp, ids, roots, prefix, 31, short))
+
+
+def _storages(outputs: tuple[torch.Tensor, ...]) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in outputs if t.numel()}
+
+
+def test_cuda_ops_return_outputs_of_their_own() -> None:
+    """Each op returns fresh outputs, as its schema says (no `(a)` alias annotation): none shares
+    another's storage, so none is a view torch must track, and torch's schema check passes."""
+    logp, ids = random_topk(3, 15, 4, 500, seed=4, device="cuda")
+    roots, prefix = torch.arange(3, device="cuda"), torch.tensor([4, 9, 2], device="cuda")
+    tree = ops.build_tree(logp, ids, roots, prefix, 15, int(prefix.sum()))
+    target = tree.tokens.gather(1, tree.retrieve_next_token.clamp(min=0))
+    walk = ops.verify_walk(tree.tokens, tree.parents, target, 15)
+    numel = ops.custom_mask_numel(int(prefix.sum()), 3, 15)
+    calls = {
+        "build_tree": (logp, ids, roots, prefix, 15, numel),
+        "verify_walk": (tree.tokens, tree.parents, target, 16),
+        "walk_accept": (tree.tokens, tree.parents, target, prefix.int(), 16),
+        "commit_indices": (walk.accept_index, torch.arange(48, device="cuda").view(3, 16), 50),
+        "topk_logprobs": (torch.randn(2, 15, 900, device="cuda"), 4),
+    }
+    for name, args in calls.items():
+        op = getattr(torch.ops.ddtree, name).default
+        outputs = op(*args)
+        assert len(_storages(outputs)) == sum(1 for t in outputs if t.numel()), name
+        assert all(t._base is None for t in outputs), f"{name} returns views"
+        torch.library.opcheck(op, args, test_utils=("test_schema",))
+
+
 @pytest.mark.parametrize(("batch", "max_depth", "k", "budget"), [(48, 15, 8, 64), (5, 4, 3, 40)])
 def test_cuda_walk_and_commit_match_reference(
     batch: int, max_depth: int, k: int, budget: int

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from inputs import random_topk
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddtree_kernels import ExtensionUnavailableError, _extension, ops, reference
@@ -505,8 +506,33 @@ def test_recurrent_state_steps_follow_the_tree() -> None:
     assert none is None
     assert tracked is not None
     assert tracked.tolist() == [3, -1]
-    chain_last, _ = S.mamba_steps(torch.arange(6).expand(2, 6), commit, None)
+    chain_path = torch.where(torch.arange(6) < commit.unsqueeze(1), torch.arange(6), -1)
+    chain_last, _ = S.mamba_steps(chain_path, commit, None)  # a chain's path: its first nodes
     assert _same(chain_last, commit.long() - 1)
+
+
+@pytest.mark.parametrize("budget", [15, 63])
+def test_recurrent_state_steps_are_the_paths_nodes_at_their_positions(budget: int) -> None:
+    """`mamba_steps` takes the last node as the path's largest (a node comes after its parent):
+    on built trees walked deep, it is the node at `commit_lens - 1` and the tracked one the node
+    at its position, as the release's chain code reads a step index."""
+    logp, ids = random_topk(6, 15, 4, vocab=50, seed=budget)
+    prefix = torch.tensor([3, 0, 8, 1, 5, 2])
+    tree = reference.build_tree(logp, ids, torch.arange(6), prefix, budget)
+    # The target's token at each node: its first child's token where it has one, so the walk
+    # goes down as far as the tree does; a path ends at a leaf.
+    child = tree.retrieve_next_token
+    target = torch.where(child >= 0, tree.tokens.gather(1, child.clamp(min=0)), -1)
+    accept = reference.walk_accept(tree.tokens, tree.parents, target, 15, prefix)
+    assert accept.commit_lens.max() > 4, "paths deep enough to tell the last node apart"
+    steps = (torch.arange(6) % 3) - 1  # -1, 0, 1, ...: tracking off, the root, the next node
+    last, tracked = S.mamba_steps(accept.accept_index, accept.commit_lens, steps)
+    rows = torch.arange(6)
+    assert _same(last, accept.accept_index[rows, accept.commit_lens.long() - 1])
+    assert tracked is not None
+    assert _same(
+        tracked, torch.where(steps >= 0, accept.accept_index[rows, steps.clamp(min=0)], -1)
+    )
 
 
 # ------------------------------------------------------------------ added to API 1 (worker v1)
@@ -1032,8 +1058,8 @@ def test_the_sync_recorder_sees_a_read_back(recorder: _SyncRecorder) -> None:
 
 
 # Ops that only make a view: no launch, no allocation on the device.
-_VIEW_OPS = {"aten::view", "aten::unsqueeze", "aten::reshape", "aten::slice", "aten::expand",
-             "aten::select", "aten::alias", "aten::_reshape_alias", "aten::t",
+_VIEW_OPS = {"aten::view", "aten::unsqueeze", "aten::squeeze", "aten::reshape", "aten::slice",
+             "aten::expand", "aten::select", "aten::alias", "aten::_reshape_alias", "aten::t",
              "aten::permute"}  # fmt: skip
 
 # The host's launches around the kernels in a greedy shadow_linear step at batch 2 and width 8
@@ -1099,13 +1125,19 @@ def test_a_shadow_linear_step_launches_only_the_walk_and_few_ops(recorder: _Sync
     assert len(_launches(recorder)) <= SHADOW_STEP_HOST_OPS, _launches(recorder)
 
 
+# A tree step's recurrent-state steps on a hybrid target: the last node one reduction (a gather
+# at commit_lens - 1 took three launches), and with tracking the tracked node's gather and its -1
+# (seven launches before, a where's scalar included).
+MAMBA_STEPS_HOST_OPS = 5
+
+
 @pytest.mark.parametrize("mode", ["shadow_linear", "tree"])
 def test_only_a_tree_step_adds_recurrent_state_steps(recorder: _SyncRecorder, mode: str) -> None:
     """Issue 22 (the hybrid target): a set commits Mamba state through `mamba_steps` only when
     the step kept a path (`accept_index=ddtree_step.accept_index`, then `if accept_index is not
     None`). A chain keeps none, so shadow_linear's recurrent-state commit is DFLASH's own, with
     no launch of ours (three to seven before, with tracking); a tree keeps its path and its
-    commit follows it."""
+    commit follows it, in one launch (MAMBA_STEPS_HOST_OPS with tracking)."""
     bs, block = 2, 8
     verifier = _verifier(mode, block - 1, block, block)
     prefix = torch.tensor([4, 9])
@@ -1116,16 +1148,22 @@ def test_only_a_tree_step_adds_recurrent_state_steps(recorder: _SyncRecorder, mo
     chain[:, 1], chain[:, 2] = 7, 8
     step = _greedy_step(verifier, tree, chain, prefix, logits, None, _windows(bs, block))
     commit_lens = torch.tensor([2, 2], dtype=torch.int32)
-    with recorder:  # the set's hook, as every worker-v2 set calls it
-        if step.accept_index is not None:
-            S.mamba_steps(step.accept_index, commit_lens, torch.tensor([1, -1]))
+    launches = []
+    for tracking in (None, torch.tensor([1, -1])):
+        recorder.ops.clear()
+        with recorder:  # the set's hook, as every worker-v2 set calls it
+            if step.accept_index is not None:
+                S.mamba_steps(step.accept_index, commit_lens, tracking)
+        launches.append(_launches(recorder))
     if mode == "shadow_linear":
         assert step.accept_index is None
-        assert recorder.ops == []
+        assert launches == [[], []]
     else:
         assert step.accept_index is not None
         assert step.accept_index[:, :3].tolist() == [[0, 1, -1], [0, 1, -1]]
-        assert _launches(recorder)
+        untracked, tracked = launches
+        assert len(untracked) == 1, untracked
+        assert 0 < len(tracked) <= MAMBA_STEPS_HOST_OPS, tracked
 
 
 # The same count for a greedy tree step at full width (budget 7, width 8 = the block): the draft
