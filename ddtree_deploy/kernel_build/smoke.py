@@ -66,6 +66,10 @@ try:
     tree = ops.build_tree(*(a.to(dev) if torch.is_tensor(a) else a for a in args))
     want_tree = reference.build_tree(*args)
     same("build_tree", tree, want_tree)
+    bound = (*args[:5], args[5] + 8)  # worker v2's mask: an upper bound of the sum, a True tail
+    same("build_tree[mask from a bound]",
+         ops.build_tree(*(a.to(dev) if torch.is_tensor(a) else a for a in bound)),
+         reference.build_tree(*bound))
     target = torch.randint(0, 6, (3, 13), generator=gen)
     walk = ops.verify_walk(tree.tokens, tree.parents, target.to(dev), 5)
     want_walk = reference.verify_walk(want_tree.tokens, want_tree.parents, target, 5)

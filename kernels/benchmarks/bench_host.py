@@ -93,7 +93,9 @@ def steps(x: Inputs) -> dict[str, Callable[[], object]]:
     """Each server's step over `x`, from the drafter's hidden states to the committed path."""
     shadow = S.Verifier(S.Settings("shadow_linear", BLOCK - 1, 1, BLOCK), BLOCK)
     tree = S.Verifier(S.Settings("tree", BUDGET, TOPK, BLOCK), BLOCK)
-    host_sum = S.host_prefix_sum(x.prefix, exact_lens=x.prefix_cpu)
+    # The worker-v2 sets' host sum under overlap scheduling: the committed lengths plus a block,
+    # an upper bound that sizes the tree's mask.
+    host_sum = S.host_prefix_sum(x.prefix, (x.prefix_cpu, int(x.prefix_cpu.sum()) + x.bs * BLOCK))
 
     def dflash() -> object:
         chain = x.greedy_chain()

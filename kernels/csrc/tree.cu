@@ -201,8 +201,9 @@ __device__ __forceinline__ void fill_true(unsigned char* p, int64_t n, int tid, 
 }
 
 // Rows are placed by the device's prefix lengths, the allocation sized by the host's sum
-// (`numel`): nothing is written at or past `numel`, so a host sum that disagrees (or a graph
-// replayed at other lengths) truncates the mask instead of writing past it.
+// (`numel`). A host upper bound (overlap scheduling knows no more on the host) leaves a tail past
+// the last request's rows, filled True as SGLang pads it; nothing is written at or past `numel`,
+// so a host sum below the device's (or a graph replayed at longer prefixes) truncates the mask.
 __global__ void custom_mask_kernel(const int64_t* __restrict__ prefix_lens,
                                    const bool* __restrict__ ancestor_mask, int n, int64_t numel,
                                    unsigned char* __restrict__ out) {
@@ -220,6 +221,10 @@ __global__ void custom_mask_kernel(const int64_t* __restrict__ prefix_lens,
   const int64_t prefix = prefix_lens[b];
   const int64_t width = prefix + n;
   const int64_t base = static_cast<int64_t>(n) * before + static_cast<int64_t>(b) * n * n;
+  const int64_t end = base + n * width;  // past this request's rows
+  if (b == static_cast<int>(gridDim.x) - 1 && blockIdx.y == 0 && end < numel) {
+    fill_true(out + end, numel - end, threadIdx.x, blockDim.x);
+  }
   const int row0 = blockIdx.y * kMaskRowsPerBlock;
   for (int r = row0; r < min(n, row0 + kMaskRowsPerBlock); ++r) {
     const int64_t start = base + r * width;

@@ -128,16 +128,21 @@ def _links(
 def _flat_custom_mask(
     ancestor_mask: torch.Tensor, prefix_lens: torch.Tensor, total: int
 ) -> torch.Tensor:
-    """SGLang's flat custom mask: per request [N, prefix_len + N] (prefix all True), row-major."""
-    n = ancestor_mask.shape[1]
+    """SGLang's flat custom mask: per request [N, prefix_len + N] (prefix all True), row-major.
+    `total` may come from an upper bound of the prefix sum: entries past the last request's rows
+    are True (as SGLang's `generate_attn_arg_prefill` pads), and a smaller total keeps the first
+    `total` entries."""
+    batch, n, _ = ancestor_mask.shape
     width = prefix_lens + n
     ends = torch.cumsum(n * width, dim=0)
     p = torch.arange(total, device=prefix_lens.device)
-    req = torch.searchsorted(ends, p, right=True).clamp(max=prefix_lens.shape[0] - 1)
+    req = torch.searchsorted(ends, p, right=True)
+    past = req >= batch
+    req = req.clamp(max=batch - 1)
     local = p - (ends[req] - n * width[req])
-    row, col = local // width[req], local % width[req]
+    row, col = (local // width[req]).clamp(max=n - 1), local % width[req]
     tree_col = (col - prefix_lens[req]).clamp(min=0)
-    return (col < prefix_lens[req]) | ancestor_mask[req, row, tree_col]
+    return past | (col < prefix_lens[req]) | ancestor_mask[req, row, tree_col]
 
 
 def build_tree(
@@ -150,8 +155,8 @@ def build_tree(
 ) -> Tree:
     """Best-first DDTree build for a batch: `logp`/`ids` [B, L, K] -> trees of budget + 1 nodes.
 
-    `prefix_lens_sum` (a host int, e.g. SGLang's `seq_lens_sum`) sizes the flat custom mask;
-    None skips it (`custom_mask` is then empty).
+    `prefix_lens_sum` (a host int, e.g. SGLang's `seq_lens_sum`, or an upper bound of it: the
+    tail is True) sizes the flat custom mask; None skips it (`custom_mask` is then empty).
     """
     check_tree_inputs(logp, ids, root_tokens, prefix_lens, budget)
     batch, max_depth, k = logp.shape

@@ -458,13 +458,15 @@ def build_verify_tree(
     prefix_lens_sum: int,
     prefix_lens_sum_exact: bool = True,
 ) -> Tree:
-    """The verify tree at width W with its flat custom mask.
+    """The verify tree at width W with its flat custom mask, sized from `prefix_lens_sum`: the
+    host's sum, or under overlap scheduling an upper bound of it, whose tail past the rows is
+    True. The rows are laid out by the device's `prefix_lens` either way, so
+    `prefix_lens_sum_exact` (which of the two it is) changes nothing; API 1 keeps it.
 
-    The kernels build the mask themselves when the tree fills the width and the host prefix sum
-    is exact; otherwise the tree is padded and the mask built at W, sized from `prefix_lens_sum`
-    (which may then be an upper bound: overlap scheduling knows only that on the host).
+    The kernels build the mask themselves when the tree fills the width (one call, where the
+    mask built here took about ten); a smaller tree is padded and its mask built at W.
     """
-    if budget + 1 == width and prefix_lens_sum_exact:
+    if budget + 1 == width:
         return ops.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_lens_sum)
     tree = pad_tree(ops.build_tree(logp, ids, root_tokens, prefix_lens, budget), width)
     bs = int(root_tokens.shape[0])

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from ddtree_kernels import _extension, ops, reference
-from ddtree_kernels.reference import custom_mask_numel
 
 OPS_CPP = Path(__file__).resolve().parents[1] / "csrc" / "ops.cpp"
 
@@ -67,9 +66,12 @@ def _build_tree(
     batch = logp.shape[0]
     for t in (root_tokens, prefix_lens):
         _check_tensor(t, torch.int64, (batch,), logp.device)
-    prefix_sum = int(prefix_lens.sum()) if mask_numel else None
-    if prefix_sum is not None:  # the kernel writes this many: a wrong size is out of bounds
-        assert mask_numel == custom_mask_numel(prefix_sum, batch, budget), "mask_numel is wrong"
+    prefix_sum = None  # the host's sum, or an upper bound, the wrapper sized the mask from
+    if mask_numel:
+        n = budget + 1
+        prefix_sum, rest = divmod(mask_numel - batch * n * n, n)
+        assert rest == 0, "mask_numel is no custom_mask_numel"
+        assert prefix_sum >= int(prefix_lens.sum()), "mask_numel below the prefix lengths' sum"
     return tuple(reference.build_tree(logp, ids, root_tokens, prefix_lens, budget, prefix_sum))
 
 

@@ -89,17 +89,19 @@ def test_cuda_build_tree_without_custom_mask() -> None:
     _assert_same(got, want)
 
 
-def test_cuda_build_tree_mask_stops_at_its_size() -> None:
-    """The flat mask is sized from the host's prefix sum and laid out by the device's lengths: a
-    host sum one short (or a graph replayed at longer prefixes) gives the mask's first entries,
-    as the reference's truncation does, and writes nothing past it."""
+@pytest.mark.parametrize("off", [9, -1])
+def test_cuda_build_tree_mask_from_a_bound_or_a_short_sum(off: int) -> None:
+    """The flat mask is sized from the host's prefix sum and laid out by the device's lengths:
+    from an upper bound (worker v2 under overlap) its tail past the rows is True; from a sum one
+    short (or a graph replayed at longer prefixes) it holds the first entries and nothing is
+    written past it; both as the reference's."""
     logp, ids = random_topk(4, 15, 4, 500, seed=2, device="cuda")
     roots = torch.arange(4, device="cuda")
     prefix = torch.tensor([7, 0, 30, 5], device="cuda")
-    short = int(prefix.sum()) - 1
-    got = ops.build_tree(logp, ids, roots, prefix, 31, short)
-    assert got.custom_mask.numel() == ops.custom_mask_numel(short, 4, 31)
-    _assert_same(got, reference.build_tree(logp, ids, roots, prefix, 31, short))
+    host_sum = int(prefix.sum()) + off
+    got = ops.build_tree(logp, ids, roots, prefix, 31, host_sum)
+    assert got.custom_mask.numel() == ops.custom_mask_numel(host_sum, 4, 31)
+    _assert_same(got, reference.build_tree(logp, ids, roots, prefix, 31, host_sum))
 
 
 def _storages(outputs: tuple[torch.Tensor, ...]) -> set[int]:

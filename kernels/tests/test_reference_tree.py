@@ -175,6 +175,20 @@ def test_build_tree_matches_brute_force_at_budget_63(max_depth: int, k: int) -> 
     assert torch.equal(first[:, 5:], tree.ancestor_mask[0])
 
 
+@pytest.mark.parametrize("off", [0, 7, -3])
+def test_the_flat_mask_from_a_bound_has_a_true_tail_and_from_a_short_sum_is_cut(off: int) -> None:
+    """The mask's blocks follow `prefix_lens`; its length follows the host's sum: an upper bound
+    (worker v2 under overlap scheduling) leaves a True tail, a short sum keeps the first entries."""
+    logp, ids = random_topk(3, 4, 3, vocab=50, seed=11)
+    prefix = torch.tensor([5, 0, 2])
+    roots = torch.zeros(3, dtype=torch.long)
+    exact = reference.build_tree(logp, ids, roots, prefix, 9, 7).custom_mask
+    got = reference.build_tree(logp, ids, roots, prefix, 9, 7 + off).custom_mask
+    assert got.numel() == exact.numel() + 10 * off
+    assert torch.equal(got[: exact.numel()], exact[: got.numel()])
+    assert bool(got[exact.numel() :].all())
+
+
 def test_build_tree_at_budget_63_with_the_drafters_depth_and_topk_8() -> None:
     """L = 15, K = 8, budget 63: every node's parent precedes it and its depth is one more."""
     logp, ids = random_topk(3, 15, 8, vocab=200, seed=7)

@@ -1174,14 +1174,25 @@ def test_only_a_tree_step_adds_recurrent_state_steps(recorder: _SyncRecorder, mo
 TREE_STEP_HOST_OPS = 5
 
 
-def test_a_tree_step_launches_its_four_kernels_and_few_ops(recorder: _SyncRecorder) -> None:
+@pytest.mark.parametrize("lens", ["exact", "bound"])
+def test_a_tree_step_launches_its_four_kernels_and_few_ops(
+    recorder: _SyncRecorder, lens: str
+) -> None:
     """Issue 22's budget for tree mode's host work outside the kernels (top-k, tree build, walk,
-    commit indices), so a change that adds launches to every step shows here first."""
+    commit indices), so a change that adds launches to every step shows here first; with the
+    host's exact prefix sum, and with the upper bound the worker-v2 sets size the mask from
+    under overlap scheduling (the mask then took about ten launches of its own)."""
     bs, block, hidden_size, vocab = 2, 8, 16, 40
     g = torch.Generator().manual_seed(3)
     verifier = _verifier("tree", block - 1, block, block)
     prefix, roots = torch.tensor([4, 9]), torch.tensor([1, 2])
-    host_sum = S.host_prefix_sum(prefix, exact_lens=torch.tensor([4, 9]))
+    host_lens = torch.tensor([4, 9])
+    host_sum = (
+        S.host_prefix_sum(prefix, exact_lens=host_lens)
+        if lens == "exact"
+        else S.host_prefix_sum(prefix, (host_lens, int(host_lens.sum()) + bs * block))
+    )
+    assert host_sum[1] == (lens == "exact")
     draft_hidden = torch.randn(bs, block, hidden_size, generator=g)
     lm_head = SimpleNamespace(weight=torch.randn(vocab, hidden_size, generator=g))
     logits = torch.randn(bs * block, vocab, generator=g)
