@@ -67,7 +67,8 @@ def test_a_dispatch_count_sees_each_kernel_op_once(cuda_path_on_cpu: TorchDispat
 # their shape and outputs shared allocations; then -2 and 0 once each extension op allocated
 # its own outputs (one call where an out= schema took one per buffer) and one commit kernel
 # gave the KV moves and the hidden-row order (11 calls before); now -6 and -4, the walk's kernel
-# writing DFlash's accept outputs (5 calls before).
+# writing DFlash's accept outputs (5 calls before). The tree step counts the worker-v2 sets' mask,
+# sized from an upper bound of the prefix sum, since the kernel builds it (13 calls more before).
 SHADOW_CALLS_OVER_DFLASH = -6
 TREE_CALLS_OVER_DFLASH = -4
 
