@@ -193,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
           f"block {BLOCK}, budget {BUDGET}, top-k {TOPK}, {args.reps} steps each\n")  # fmt: skip
     print("| batch | server | host µs to submit | over DFLASH µs | ops dispatched | device µs |")
     print("|---|---|---|---|---|---|")
-    with torch.inference_mode():
+    # Grad mode off, not inference mode: SGLang's scheduler runs its loop under DynamicGradMode,
+    # which is torch.no_grad unless SGLANG_ENABLE_TORCH_INFERENCE_MODE is set (it is off by
+    # default in every release served), so each op pays autograd's dispatch layer there too.
+    with torch.no_grad():
         for bs in (int(b) for b in args.batches.split(",") if b):
             runs = steps(Inputs(bs, device, args.hidden, args.vocab))
             timed = {name: time_step(run, args.reps, cuda) for name, run in runs.items()}

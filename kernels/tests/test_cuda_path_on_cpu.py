@@ -69,8 +69,10 @@ def test_a_dispatch_count_sees_each_kernel_op_once(cuda_path_on_cpu: TorchDispat
 # gave the KV moves and the hidden-row order (11 calls before); now -6 and -4, the walk's kernel
 # writing DFlash's accept outputs (5 calls before). The tree step counts the worker-v2 sets' mask,
 # sized from an upper bound of the prefix sum, since the kernel builds it (13 calls more before).
-SHADOW_CALLS_OVER_DFLASH = -6
-TREE_CALLS_OVER_DFLASH = -4
+# Counted with grad mode off, as SGLang runs (under inference mode, -6 and -4: a few composite
+# ops reach the counter whole there, as their parts under grad mode).
+SHADOW_CALLS_OVER_DFLASH = -5
+TREE_CALLS_OVER_DFLASH = -3
 
 
 @pytest.mark.parametrize("bs", [1, 8])
@@ -80,7 +82,7 @@ def test_a_step_dispatches_few_calls_beyond_dflash(
     """Each dispatched call is host time in a host-bound step (9 to 16 µs on the GPU lab's
     machine, run 18), so a change that adds calls to every step shows here first."""
     calls = {}
-    with torch.inference_mode():  # as SGLang's decode step runs (and bench_host.py)
+    with torch.no_grad():  # as SGLang's scheduler runs its loop by default (and bench_host.py)
         runs = bench.steps(bench.Inputs(bs, torch.device("cpu"), 64, 512))
         for name, run in runs.items():
             run()  # the first step builds the per-shape constants
