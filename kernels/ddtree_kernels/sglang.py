@@ -707,14 +707,11 @@ def mamba_steps(
     commit_lens: torch.Tensor,
     steps_to_track: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Tree-node step indices for the recurrent-state commit: the last accepted node, and for
-    tracking the node at path position `steps_to_track` (-1 kept).
-
-    Every node comes after its parent (the tree is built best-first), so along a path, -1
-    padded, the last accepted node is the row's largest: one reduction, where a gather at
-    `commit_lens - 1` took three launches (issue 22: a hybrid target's tree step). The path
-    holds `commit_lens` nodes, so that argument is not read; API 1 keeps it."""
-    last = accept_index.amax(dim=1)
+    """Tree-node step indices for the recurrent-state commit: the node at path position
+    `commit_lens - 1`, and for tracking the node at path position `steps_to_track` (-1 kept).
+    Not the path's last node: a release may commit fewer tokens than were accepted (0.5.11 to
+    0.5.13 stop at a request's max_new_tokens)."""
+    last = accept_index.gather(1, (commit_lens.to(torch.int64) - 1).unsqueeze(1)).squeeze(1)
     if steps_to_track is None:
         return last, None
     node = accept_index.gather(1, steps_to_track.clamp(min=0).unsqueeze(1)).squeeze(1)

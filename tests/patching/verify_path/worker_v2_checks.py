@@ -319,8 +319,8 @@ def mamba_steps():
     commit = torch.tensor([4, 1], dtype=torch.int32)
     last, _ = D.ddtree_mamba_steps(accept_index, commit, None)
     _, tracked = D.ddtree_mamba_steps(accept_index, commit, torch.tensor([2, -1]))
-    chain = torch.where(torch.arange(6) < commit.unsqueeze(1), torch.arange(6), -1)
-    chain_last, _ = D.ddtree_mamba_steps(chain, commit, None)  # a chain's path: its first nodes
+    chain = torch.arange(6).expand(2, 6)
+    chain_last, _ = D.ddtree_mamba_steps(chain, commit, None)
     return {
         "last": last.tolist(),
         "tracked": tracked.tolist(),
