@@ -277,6 +277,8 @@ def test_mask_sized_from_an_upper_bound_keeps_the_layout_and_a_true_tail() -> No
     assert _same(upper[: exact.numel()], exact)
     assert bool(upper[exact.numel() :].all())
     assert upper.numel() - exact.numel() == 9 * width
+    ancestor = reference.build_tree(logp, ids, roots, prefix_t, width - 1).ancestor_mask
+    assert _same(upper, S.flat_tree_mask(ancestor, prefix_t, upper.numel()))  # the same bytes
 
 
 def test_small_budget_tree_is_padded_to_the_verify_width() -> None:
