@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -694,12 +694,25 @@ def commit_path(
     verify the scheduler may hand a finished request's req_to_token row on) and its hidden rows
     [bs * W (+ padding), ...] (returned; None stays None). `cache_loc` [bs, W]: the slot each
     node was verified in. One kernel gives both (`ops.commit_indices`)."""
+    rows = 0 if hidden_states is None else int(hidden_states.shape[0])
+    order = _move_path_kv(accept_index, cache_loc, move_kv_cache, rows, width)
+    return None if hidden_states is None else hidden_states[order]
+
+
+def _move_path_kv(
+    accept_index: torch.Tensor,
+    cache_loc: torch.Tensor,
+    move_kv_cache: Callable[[torch.Tensor, torch.Tensor], None],
+    rows: int,
+    width: int,
+) -> torch.Tensor:
+    """`commit_path`'s KV move; returns the order of `rows` verify rows with the path first
+    (`Step` keeps it, so the logit rows reuse it)."""
     if cache_loc.shape[1] != width:
         raise ValueError(f"cache_loc {tuple(cache_loc.shape)} must be [bs, width={width}]")
-    rows = 0 if hidden_states is None else int(hidden_states.shape[0])
     commit = ops.commit_indices(accept_index, cache_loc, rows)
     move_kv_cache(commit.kv_target, commit.kv_source)
-    return None if hidden_states is None else hidden_states[commit.row_order]
+    return commit.row_order
 
 
 def mamba_steps(
@@ -930,6 +943,8 @@ class Step:
     prefix_lens: torch.Tensor
     block_size: int
     accept_index: torch.Tensor | None = None
+    # `commit`'s verify-row order, reused by `commit_rows` (one kernel less on log-prob steps)
+    _row_order: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def width(self) -> int:
@@ -971,6 +986,7 @@ class Step:
     def _keep_path(self, nodes: torch.Tensor) -> None:
         """The accepted path's nodes [bs, A] in tree mode; a chain keeps none (see the class)."""
         self.accept_index = nodes if self.mode == "tree" else None
+        self._row_order = None
 
     def sampler(
         self,
@@ -993,16 +1009,13 @@ class Step:
         if self.mode != "tree":
             return hidden_states
         assert self.accept_index is not None, "commit before accept"
-        rows = commit_path(
-            accept_index=self.accept_index,
-            cache_loc=self.cache_loc,
-            move_kv_cache=move_kv_cache,
-            hidden_states=hidden_states,
-            width=self.width,
+        rows = 0 if hidden_states is None else int(hidden_states.shape[0])
+        self._row_order = _move_path_kv(
+            self.accept_index, self.cache_loc, move_kv_cache, rows, self.width
         )
-        if rows is None:
+        if hidden_states is None:
             return None
-        return block_rows(rows, int(self.tree.tokens.shape[0]), self.width, self.block_size)
+        return self._block_layout(hidden_states)
 
     def commit_rows(self, x: torch.Tensor) -> torch.Tensor:
         """Another node-indexed verify tensor [bs * W (+ padding), ...] in the layout `commit`
@@ -1010,8 +1023,15 @@ class Step:
         path first, the drafter's block layout. A chain's rows are already in that order."""
         if self.mode != "tree":
             return x
-        assert self.accept_index is not None, "commit_rows before accept"
-        order = ops.commit_indices(self.accept_index, self.cache_loc, int(x.shape[0])).row_order
+        return self._block_layout(x)
+
+    def _block_layout(self, x: torch.Tensor) -> torch.Tensor:
+        """Verify rows `x` with the path first, in the drafter's block layout: through the
+        order `commit` computed when `x` has as many rows, else one computed for `x`."""
+        assert self.accept_index is not None, "commit before accept"
+        order = self._row_order
+        if order is None or order.shape[0] != x.shape[0]:
+            order = ops.commit_indices(self.accept_index, self.cache_loc, int(x.shape[0])).row_order
         bs = int(self.tree.tokens.shape[0])
         return block_rows(x[order], bs, self.width, self.block_size)
 

@@ -947,6 +947,38 @@ def test_step_commit_rows_lay_another_tensor_out_as_the_commit_did_the_hidden_ro
     assert chain.commit_rows(x) is x
 
 
+
+def test_step_commit_rows_reuse_the_commits_row_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log-prob step's logit rows (as many as the hidden rows) take the order `commit`
+    computed: no second commit_indices; rows of another count, or after a commit without hidden
+    rows, get an order of their own, laid out alike."""
+    tokens, parents, target = _branching_case()  # width 6
+    tree = SimpleNamespace(tokens=tokens, parents=parents)
+    calls: list[int] = []
+    commit_indices = S.ops.commit_indices
+    monkeypatch.setattr(S.ops, "commit_indices",
+                        lambda *a: calls.append(a[2]) or commit_indices(*a))  # fmt: skip
+
+    def step() -> S.Step:
+        made = S.Step(tree=tree, mode="tree", cache_loc=torch.arange(6).view(1, 6) + 100,  # type: ignore[arg-type]
+                      prefix_lens=torch.tensor([3]), block_size=4)  # fmt: skip
+        made.accept(_argmax_logits(target, 100))
+        return made
+
+    x = torch.arange(6.0).unsqueeze(1) * 10
+    padded = torch.arange(8.0).unsqueeze(1) * 10
+    reused = step()
+    reused.commit(lambda tgt, src: None, x)
+    assert reused.commit_rows(x)[:, 0].tolist() == [0.0, 20.0, 30.0, 50.0]
+    assert calls == [6]
+    assert reused.commit_rows(padded)[:, 0].tolist() == [0.0, 20.0, 30.0, 50.0]
+    assert calls == [6, 8]
+    calls.clear()
+    without_hidden = step()
+    assert without_hidden.commit(lambda tgt, src: None, None) is None
+    assert without_hidden.commit_rows(x)[:, 0].tolist() == [0.0, 20.0, 30.0, 50.0]
+    assert calls == [0, 6]
+
 # Aten ops whose CUDA implementation makes the host wait for the device: a value read back
 # (`.item()`, `int(t)`, `bool(t)`, `torch.equal`) or an output shape that depends on the data.
 _SYNCING_OPS = {
