@@ -947,7 +947,6 @@ def test_step_commit_rows_lay_another_tensor_out_as_the_commit_did_the_hidden_ro
     assert chain.commit_rows(x) is x
 
 
-
 def test_step_commit_rows_reuse_the_commits_row_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """A log-prob step's logit rows (as many as the hidden rows) take the order `commit`
     computed: no second commit_indices; rows of another count, or after a commit without hidden
@@ -978,6 +977,7 @@ def test_step_commit_rows_reuse_the_commits_row_order(monkeypatch: pytest.Monkey
     assert without_hidden.commit(lambda tgt, src: None, None) is None
     assert without_hidden.commit_rows(x)[:, 0].tolist() == [0.0, 20.0, 30.0, 50.0]
     assert calls == [0, 6]
+
 
 # Aten ops whose CUDA implementation makes the host wait for the device: a value read back
 # (`.item()`, `int(t)`, `bool(t)`, `torch.equal`) or an output shape that depends on the data.
