@@ -31,7 +31,9 @@ real server).
 the attention target, their passes interleaved over N rounds at 1, 8 and 32 requests in flight
 (round 0 the product's validate, later rounds timed over HTTP with the same requests for every
 server, about OVERHEAD_PASS_S each, the order rotating per round): shadow_linear's cost and
-each tree's speed over DFLASH, as medians of paired rounds.
+each tree's speed over DFLASH, as medians of paired rounds. A follow-up call whose gates an
+earlier one passed buys rounds with `--no-gates` (round 0 one untimed wave per server) and
+`--no-batch-1` (only the `--in-flight` levels).
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
 (tune_lab.py judges and tables it with the product's code).
 
@@ -654,13 +656,16 @@ class OverheadPlan:
     """What --overhead compares: `rounds` (round 0 the product's validate, later ones timed
     passes of about `pass_s` seconds) at each of `levels` in flight, shadow_linear and a tree
     per budget against DFLASH, and with `control` a second DFLASH server: the ratio two
-    identical servers show is the lab's own spread, the floor any other ratio is read against."""
+    identical servers show is the lab's own spread, the floor any other ratio is read against.
+    Without `gates`, round 0 is one wave per server over HTTP: it warms each batch shape and
+    sizes the later passes as the validate does, in seconds instead of a validate's 16 to 20."""
 
     rounds: int
     budgets: tuple[str, ...] = ()
     levels: tuple[int, ...] = OVERHEAD_CONCURRENCY
     pass_s: float = OVERHEAD_PASS_S
     control: bool = False
+    gates: bool = True
 
 
 def overhead_cells(budgets: Sequence[str], *, control: bool = False) -> dict[str, list[str]]:
@@ -686,7 +691,8 @@ def run_overhead(
     """DDTree's cost and speed against DFLASH: the servers of `plan` served at once on the
     attention target, their passes interleaved at each level. Round 0 is the product's
     `action=validate` on each, DFLASH first (the gates, and the baseline the others are held
-    to; the control only answers the same requests, so it stores no baseline of its own); later
+    to; the control only answers the same requests, so it stores no baseline of its own), or
+    without `plan.gates` one wave on each over HTTP; later
     rounds are timed passes straight over HTTP (speed.py), as many requests as DFLASH's round 0
     answered in about `plan.pass_s` seconds, the same for every server, the order rotating per
     round, so drift of the machine falls on all alike."""
@@ -709,17 +715,17 @@ def run_overhead(
             for level in dict.fromkeys(plan.levels):
                 repeats = in_flight_repeats(level, lab.prompts)
                 requests = repeats * lab.prompts  # round 0: what a validate pass sends
+                if rnd == 0 and not plan.gates:
+                    requests = level  # one wave: each batch shape's first requests
                 if rnd > 0:
                     answer_tokens = statistics.mean(p["max_new_tokens"] for p in lab.prompt_set)
                     requests = pass_requests(level, plan.pass_s, warm[level], answer_tokens)
                 shift = max(rnd - 1, 0) % len(order)
                 for name in order[shift:] + order[:shift]:
-                    if rnd == 0 and name != CONTROL:
+                    if rnd == 0 and plan.gates and name != CONTROL:
                         step = lab.tool(f"overhead-r0-c{level}-{name}", *cells[name],
                                         *validation_overrides(level, repeats), "action=validate")  # fmt: skip
                         run = summarize(step.report(lab.runs), step.exit_code)
-                        if name == "dflash":
-                            warm[level] = run
                     else:
                         url = f"http://127.0.0.1:{servers[name].port}"
                         try:
@@ -727,6 +733,8 @@ def run_overhead(
                                                              requests=requests, headers=headers)}  # fmt: skip
                         except httpx.HTTPError as error:  # a dead server: the others go on
                             run = {"gates": {}, "error": f"{type(error).__name__}: {error}"}
+                    if rnd == 0 and name == "dflash":
+                        warm[level] = run
                     passes.append({"algo": name, "round": rnd, "concurrency": level,
                                    "repeats": run.get("requests", repeats), **run})  # fmt: skip
             save()
@@ -933,6 +941,11 @@ def main() -> int:
     parser.add_argument("--control", action="store_true",
                         help="with --overhead: a second DFLASH server, the lab's own spread "
                         "between identical servers (A/A) beside every ratio")  # fmt: skip
+    parser.add_argument("--no-gates", action="store_true",
+                        help="with --overhead: round 0 one untimed wave per server instead of the "
+                        "product's validate (a follow-up call whose gates an earlier one passed)")  # fmt: skip
+    parser.add_argument("--no-batch-1", action="store_true",
+                        help="with --overhead: only the --in-flight levels, not batch 1")  # fmt: skip
     parser.add_argument("--profile", action="store_true",
                         help="with --overhead: then each server's step timeline from SGLang's "
                         "/start_profile (issue 22)")  # fmt: skip
@@ -956,8 +969,12 @@ def main() -> int:
         parser.error("--size trained has one target: give --targets attention")
     if args.profile and not args.overhead:
         parser.error("--profile profiles the interleaved comparison's servers: add --overhead 1")
-    if args.control and not args.overhead:
-        parser.error("--control is a server of the interleaved comparison: add --overhead ROUNDS")
+    for flag in ("control", "no_gates", "no_batch_1"):
+        if getattr(args, flag) and not args.overhead:
+            parser.error(f"--{flag.replace('_', '-')} is an option of the interleaved comparison: "
+                         "add --overhead ROUNDS")  # fmt: skip
+    if args.no_batch_1 and not overhead_levels(args.in_flight, batch_1=False):
+        parser.error("--no-batch-1 leaves no level: name some with --in-flight, e.g. 32")
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
@@ -997,7 +1014,8 @@ def main() -> int:
             pass
         elif args.overhead:
             plan = OverheadPlan(args.overhead, tuple(b for b in args.budgets.split(",") if b),
-                                overhead_levels(args.in_flight), args.pass_seconds, args.control)  # fmt: skip
+                                overhead_levels(args.in_flight, batch_1=not args.no_batch_1),
+                                args.pass_seconds, args.control, gates=not args.no_gates)  # fmt: skip
             timelines = results.setdefault("timeline", {}) if args.profile else None
             run_overhead(lab, plan, base, results["overhead"], save, timelines)
         elif args.tune:
@@ -1016,10 +1034,11 @@ def in_flight_levels(option: str) -> list[int]:
     return [int(level) for level in option.split(",") if level]
 
 
-def overhead_levels(option: str | None) -> tuple[int, ...]:
+def overhead_levels(option: str | None, *, batch_1: bool = True) -> tuple[int, ...]:
     """The levels --overhead compares at: batch 1 and --in-flight's ("" for batch 1 alone),
-    OVERHEAD_CONCURRENCY without it."""
-    return OVERHEAD_CONCURRENCY if option is None else (1, *in_flight_levels(option))
+    OVERHEAD_CONCURRENCY without it; without `batch_1` (--no-batch-1) the others alone."""
+    levels = OVERHEAD_CONCURRENCY if option is None else (1, *in_flight_levels(option))
+    return levels if batch_1 else tuple(level for level in levels if level != 1)
 
 
 def run_matrix(

@@ -431,6 +431,35 @@ def test_the_interleaved_comparison_levels_come_from_in_flight() -> None:
     assert run.overhead_levels(None) == run.OVERHEAD_CONCURRENCY
     assert run.overhead_levels("32") == (1, 32)
     assert run.overhead_levels("") == (1,)  # run 17 asked for batch 1 alone and got all three
+    assert run.overhead_levels("32", batch_1=False) == (32,)
+    assert run.overhead_levels(None, batch_1=False) == (8, 32)
+
+
+def test_without_gates_round_0_is_one_wave_per_server_that_sizes_the_timed_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--no-gates: the product runs nothing; round 0 sends each server one wave over HTTP (the
+    batch shapes' first requests, left out of the ratios), and DFLASH's wave sizes the rest."""
+    timed: list[tuple[str, int, int, int]] = []
+
+    def timed_pass(url: str, prompts: object, **kw: int) -> dict[str, object]:
+        timed.append((url.rsplit(":", 1)[1], len(timed) // 3, kw["level"], kw["requests"]))
+        return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 50.0}
+
+    monkeypatch.setattr(run, "timed_pass", timed_pass)
+    lab = _overhead_lab(tmp_path)
+    passes: list[dict[str, object]] = []
+    plan = run.OverheadPlan(2, levels=(32,), control=True, gates=False)
+    run.run_overhead(lab, plan, [], passes, lambda: None)
+    assert lab.calls == []
+    # Round 0: 32 requests on each server (one wave); round 1: 9-token answers at DFLASH's
+    # 50 tok/s make a wave of 32 take 5.76 s, so 6 s is one wave again.
+    assert timed == [
+        (port, i // 3, 32, 32) for i, port in enumerate(["30000", "30001", "30002"] * 2)
+    ]
+    assert [(p["round"], p["algo"]) for p in passes if "round" in p][:3] == [
+        (0, "dflash"), (0, run.CONTROL), (0, "ddtree_shadow")]  # fmt: skip
+    assert all(p["gates"] == {} for p in passes if "round" in p)
 
 
 def test_the_control_is_a_second_dflash_timed_like_the_others_that_stores_no_baseline(
@@ -465,7 +494,7 @@ def test_the_control_is_a_second_dflash_timed_like_the_others_that_stores_no_bas
                                                                  "ddtree_shadow"}  # fmt: skip
 
 
-@pytest.mark.parametrize("flag", ["--control", "--profile"])
+@pytest.mark.parametrize("flag", ["--control", "--profile", "--no-gates", "--no-batch-1"])
 def test_a_flag_of_the_interleaved_comparison_without_it_is_refused_in_one_sentence(
     flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -476,3 +505,16 @@ def test_a_flag_of_the_interleaved_comparison_without_it_is_refused_in_one_sente
     assert exited.value.code == 2
     assert f"error: {flag} " in capsys.readouterr().err
     assert not out.exists()  # refused before anything is installed or written
+
+
+def test_no_batch_1_without_another_level_is_refused_in_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["run.py", "--out", str(out), "--overhead", "2", "--no-batch-1", "--in-flight", ""]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        run.main()
+    assert exited.value.code == 2
+    assert "error: --no-batch-1 leaves no level" in capsys.readouterr().err
+    assert not out.exists()
