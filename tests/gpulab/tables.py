@@ -1,13 +1,20 @@
 """The GPU lab's tables, from the product's run reports: what run.py prints and saves.
 
 Pure functions of JSON (no server, no network), so they are tested on CPU with reports recorded
-on the GPU (test_run_summary.py).
+on the GPU (test_run_summary.py). Run as a script, it pools the interleaved comparisons of
+several calls into one table:
+
+    python3 tests/gpulab/tables.py CALL1/results.json CALL2/results.json
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
 
 CONFIDENCE = 0.95  # of the interval around a median ratio
@@ -176,24 +183,13 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
              "| gate | x DFLASH: median of paired rounds (range; 95% interval) "
              "| step ms over DFLASH, median |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for level in sorted({p["concurrency"] for p in passes if "concurrency" in p}):
-        runs = {name: {p["round"]: p for p in passes
-                       if p.get("concurrency") == level and p["algo"] == name and p.get("tokens_per_s")}
-                for name in names}  # fmt: skip
+    for level in _levels(passes):
+        runs = _level_runs(passes, level, names)
         for name in names:
             rounds = sorted(set(runs["dflash"]) & set(runs[name]))
             if not rounds:
                 continue
             warm = [r for r in rounds if r > 0] or rounds
-            ratios = [runs[name][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"]
-                      for r in warm]  # fmt: skip
-            spread = ""
-            if len(set(ratios)) > 1:
-                spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
-                interval = median_interval(ratios)
-                if interval is not None:
-                    spread += f"; {interval[0]:.3f}-{interval[1]:.3f}"
-                spread = f" ({spread})"
             steps = [runs[name][r]["step_ms"] - runs["dflash"][r]["step_ms"] for r in warm
                      if runs[name][r].get("step_ms") and runs["dflash"][r].get("step_ms")]  # fmt: skip
             step_cost = f"{statistics.median(steps):+.2f}" if steps else "-"
@@ -210,9 +206,69 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
                 verdicts += f" (worst gap {max(gaps)})"
             accept = runs[name][rounds[-1]].get("accept_length")
             lines.append(f"| {level} | {name} | {repeats} | {shown} | {accept} | {verdicts} "
-                         f"| {statistics.median(ratios):.3f}{spread} | {step_cost} |")  # fmt: skip
+                         f"| {_ratio_cell(paired_ratios(runs, name))} | {step_cost} |")  # fmt: skip
     checks = [f"- API key, {p['algo']}: {p['key_check']}" for p in passes if p.get("key_check")]
     return lines + (["", *checks] if checks else [])
+
+
+def pooled_table(results: list[dict[str, Any]]) -> list[str]:
+    """Several calls' interleaved comparisons (their results.json) as one table: per release,
+    level and server, the paired rounds of every call pooled (each call's round 0 left out as
+    in its own table), their median ratio over DFLASH with range and 95% interval. A figure
+    that one call cannot resolve (about eight rounds at 32 in flight) can be read from two or
+    three."""
+    pooled: dict[tuple[str, int, str], list[float]] = {}
+    calls: dict[tuple[str, int, str], int] = {}
+    for result in results:
+        passes = result.get("overhead") or []
+        names = [n for n in dict.fromkeys(p["algo"] for p in passes) if n != "dflash"]
+        for level in _levels(passes):
+            runs = _level_runs(passes, level, ["dflash", *names])
+            for name in names:
+                if ratios := paired_ratios(runs, name):
+                    key = (result["release"], level, name)
+                    pooled.setdefault(key, []).extend(ratios)
+                    calls[key] = calls.get(key, 0) + 1
+    lines = ["| release | in flight | server | calls | rounds "
+             "| x DFLASH: median of paired rounds (range; 95% interval) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for (release, level, name), ratios in sorted(pooled.items()):
+        lines.append(f"| {release} | {level} | {name} | {calls[release, level, name]} "
+                     f"| {len(ratios)} | {_ratio_cell(ratios)} |")  # fmt: skip
+    return lines
+
+
+def paired_ratios(runs: dict[str, dict[int, dict[str, Any]]], name: str) -> list[float]:
+    """`name`'s tok/s over DFLASH's in each round both were timed (`runs`: per server, its
+    passes by round at one level), round 0 left out when later rounds exist."""
+    rounds = sorted(set(runs.get("dflash", {})) & set(runs.get(name, {})))
+    warm = [r for r in rounds if r > 0] or rounds
+    return [runs[name][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"] for r in warm]
+
+
+def _levels(passes: list[dict[str, Any]]) -> list[int]:
+    return sorted({p["concurrency"] for p in passes if "concurrency" in p})
+
+
+def _level_runs(
+    passes: list[dict[str, Any]], level: int, names: list[str]
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Per server of `names`, its measured passes at `level` by round."""
+    return {name: {p["round"]: p for p in passes
+                   if p.get("concurrency") == level and p["algo"] == name and p.get("tokens_per_s")}
+            for name in names}  # fmt: skip
+
+
+def _ratio_cell(ratios: list[float]) -> str:
+    """ "median (range; 95% interval)": the interval from six ratios, the range when they vary."""
+    cell = f"{statistics.median(ratios):.3f}"
+    if len(set(ratios)) > 1:
+        spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+        interval = median_interval(ratios)
+        if interval is not None:
+            spread += f"; {interval[0]:.3f}-{interval[1]:.3f}"
+        cell += f" ({spread})"
+    return cell
 
 
 def timeline_table(timelines: dict[str, dict[str, Any] | str]) -> list[str]:
@@ -251,3 +307,28 @@ def _side_by_side(
         cells = [str(per_server[n].get(row, "")) for n in names]
         lines.append(f"| {shown.format(row)} | {' | '.join(cells)} |")
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The pooled table of several --overhead calls.")
+    parser.add_argument("results", nargs="+", type=Path, help="each call's results.json")
+    args = parser.parse_args(argv)
+    results = []
+    for path in args.results:
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            parser.error(f"cannot read {path} as a lab results.json ({error}): give the file "
+                         "run.py wrote into its --out folder")  # fmt: skip
+        if not isinstance(result, dict) or not any(
+            "round" in p for p in result.get("overhead") or []
+        ):
+            parser.error(f"{path} holds no interleaved comparison: only run.py --overhead "
+                         "writes one")  # fmt: skip
+        results.append(result)
+    print("\n".join(pooled_table(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from gpulab.tables import main as tables_main
 from gpulab.tables import (
     matrix_table,
     median_interval,
     overhead_table,
+    pooled_table,
     render_table,
     speed_table,
     summarize,
@@ -219,3 +221,47 @@ def test_the_timeline_table_puts_each_servers_kernels_side_by_side() -> None:
         "| mask |  | 0.2 |",
     ]
     assert not any("function (inclusive" in line for line in lines)  # no functions: no table
+
+
+def _call(release: str, ratios: dict[int, list[float]]) -> dict[str, Any]:
+    """A results.json of one --overhead call: shadow_linear's ratio over DFLASH by round, per
+    level (round 0 first, at twice DFLASH's speed so that it shows if it is not left out)."""
+    passes: list[dict[str, Any]] = [{"algo": "dflash", "start_s": 1.0}]
+    for level, by_round in ratios.items():
+        for rnd, ratio in enumerate([2.0, *by_round]):
+            passes += [{"algo": "dflash", "round": rnd, "concurrency": level, "gates": {},
+                        "tokens_per_s": 500.0},
+                       {"algo": "ddtree_shadow", "round": rnd, "concurrency": level, "gates": {},
+                        "tokens_per_s": 500.0 * ratio}]  # fmt: skip
+    return {"release": release, "overhead": passes}
+
+
+def test_the_pooled_table_joins_the_rounds_of_several_calls_per_release_and_level() -> None:
+    first = _call("0.5.11", {32: [0.93, 0.97], 8: [1.01]})
+    second = _call("0.5.11", {32: [1.00, 0.99, 1.02, 0.98]})
+    other = _call("0.5.14", {32: [1.01]})
+    header, _, *rows = pooled_table([first, second, other])
+    assert header.startswith("| release | in flight | server | calls | rounds |")
+    assert rows == [
+        "| 0.5.11 | 8 | ddtree_shadow | 1 | 1 | 1.010 |",
+        "| 0.5.11 | 32 | ddtree_shadow | 2 | 6 | 0.985 (0.930-1.020; 0.930-1.020) |",
+        "| 0.5.14 | 32 | ddtree_shadow | 1 | 1 | 1.010 |",
+    ]
+
+
+def test_pooling_a_file_that_is_no_comparison_is_refused_in_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    matrix = tmp_path / "results.json"
+    matrix.write_text(json.dumps({"release": "0.5.11", "overhead": [], "cells": []}))
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    missing = tmp_path / "none.json"
+    refusals = {missing: f"error: cannot read {missing} as a lab results.json",
+                matrix: f"error: {matrix} holds no interleaved comparison",
+                listed: f"error: {listed} holds no interleaved comparison"}  # fmt: skip
+    for path, sentence in refusals.items():
+        with pytest.raises(SystemExit) as exited:
+            tables_main([str(path)])
+        assert exited.value.code == 2
+        assert sentence in capsys.readouterr().err
