@@ -316,6 +316,23 @@ def merge_tp_topk(
     return values.gather(1, order) - global_log_z, cand_ids.gather(1, order)
 
 
+def _gather_tp_topk(
+    tp_group: TPGroup, logp: torch.Tensor, ids: torch.Tensor, log_z: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's top-k `logp`/`ids` [rows, k] and shard `log_z` [rows], all-gathered from
+    every rank of `tp_group` and merged (`merge_tp_topk`) into the global top-k."""
+    tp, (rows, k), device = int(tp_group.world_size), logp.shape, logp.device
+    g_logp = torch.empty((tp * rows, k), dtype=torch.float32, device=device)
+    g_ids = torch.empty((tp * rows, k), dtype=torch.int64, device=device)
+    g_log_z = torch.empty((tp * rows,), dtype=torch.float32, device=device)
+    tp_group.all_gather_into_tensor(g_logp, logp.contiguous())
+    tp_group.all_gather_into_tensor(g_ids, ids.contiguous())
+    tp_group.all_gather_into_tensor(g_log_z, log_z.contiguous())
+    return merge_tp_topk(
+        g_logp.view(tp, rows, k), g_ids.view(tp, rows, k), g_log_z.view(tp, rows), k
+    )
+
+
 def draft_topk_logprobs(
     hidden_states: torch.Tensor,
     weight: torch.Tensor,
@@ -352,17 +369,10 @@ def draft_topk_logprobs(
         if tp_group is None or tp == 1:
             logp_out[start:end], ids_out[start:end] = local.logp, local_ids
             continue
-        rows = end - start
         # The fused op normalises over this shard only; its logZ is needed to merge.
         log_z = torch.logsumexp(logits.float(), dim=-1)
-        g_logp = torch.empty((tp * rows, k), dtype=torch.float32, device=device)
-        g_ids = torch.empty((tp * rows, k), dtype=torch.int64, device=device)
-        g_log_z = torch.empty((tp * rows,), dtype=torch.float32, device=device)
-        tp_group.all_gather_into_tensor(g_logp, local.logp.contiguous())
-        tp_group.all_gather_into_tensor(g_ids, local_ids.contiguous())
-        tp_group.all_gather_into_tensor(g_log_z, log_z.contiguous())
-        logp_out[start:end], ids_out[start:end] = merge_tp_topk(
-            g_logp.view(tp, rows, k), g_ids.view(tp, rows, k), g_log_z.view(tp, rows), k
+        logp_out[start:end], ids_out[start:end] = _gather_tp_topk(
+            tp_group, local.logp, local_ids, log_z
         )
     return logp_out, ids_out
 
@@ -818,15 +828,7 @@ def vocab_parallel_topk_logprobs(
             logp = torch.cat([logp, logp.new_full((rows, k - local_k), float("-inf"))], 1)
             never = top_ids.new_full((rows, k - local_k), torch.iinfo(torch.int64).max)
             top_ids = torch.cat([top_ids, never], 1)
-        g_logp = torch.empty((tp * rows, k), dtype=torch.float32, device=device)
-        g_ids = torch.empty((tp * rows, k), dtype=torch.int64, device=device)
-        g_log_z = torch.empty((tp * rows,), dtype=torch.float32, device=device)
-        tp_group.all_gather_into_tensor(g_logp, logp.contiguous())
-        tp_group.all_gather_into_tensor(g_ids, top_ids.contiguous())
-        tp_group.all_gather_into_tensor(g_log_z, log_z.contiguous())
-        logp_out[start:end], ids_out[start:end] = merge_tp_topk(
-            g_logp.view(tp, rows, k), g_ids.view(tp, rows, k), g_log_z.view(tp, rows), k
-        )
+        logp_out[start:end], ids_out[start:end] = _gather_tp_topk(tp_group, logp, top_ids, log_z)
     return logp_out, ids_out
 
 
