@@ -265,3 +265,18 @@ def test_pooling_a_file_that_is_no_comparison_is_refused_in_one_sentence(
             tables_main([str(path)])
         assert exited.value.code == 2
         assert sentence in capsys.readouterr().err
+
+
+def test_the_pooled_table_reads_the_results_the_gpu_lab_wrote() -> None:
+    """Runs 19 and 20 (recorded/run*-overhead.json, as run.py wrote them on the H200): each
+    call's shadow_linear row at batch 1 is its own table's, and the two pool into one row."""
+    calls = [json.loads((RECORDED / f"run{n}-0.5.11-overhead.json").read_text()) for n in (19, 20)]
+    alone = [
+        next(r for r in pooled_table([c]) if r.startswith("| 0.5.11 | 1 | ddtree_shadow |"))
+        for c in calls
+    ]
+    assert [row.split(" | ")[4] for row in alone] == ["23", "3"]
+    together = next(
+        r for r in pooled_table(calls) if r.startswith("| 0.5.11 | 1 | ddtree_shadow |")
+    )
+    assert together.split(" | ")[3:5] == ["2", "26"]  # two calls, their rounds together
