@@ -214,9 +214,8 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
 def pooled_table(results: list[dict[str, Any]]) -> list[str]:
     """Several calls' interleaved comparisons (their results.json) as one table: per release,
     level and server, the paired rounds of every call pooled (each call's round 0 left out as
-    in its own table), their median ratio over DFLASH with range and 95% interval. A figure
-    that one call cannot resolve (about eight rounds at 32 in flight) can be read from two or
-    three."""
+    in its own table), their median ratio over DFLASH with range and 95% interval: a figure
+    that one call's rounds cannot resolve, read from several."""
     pooled: dict[tuple[str, int, str], list[float]] = {}
     calls: dict[tuple[str, int, str], int] = {}
     for result in results:
@@ -260,7 +259,8 @@ def _level_runs(
 
 
 def _ratio_cell(ratios: list[float]) -> str:
-    """ "median (range; 95% interval)": the interval from six ratios, the range when they vary."""
+    """A ratio column's cell: the median, then its range (when the ratios vary) and from six
+    ratios its 95% interval, as "median (range; interval)"."""
     cell = f"{statistics.median(ratios):.3f}"
     if len(set(ratios)) > 1:
         spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
@@ -310,6 +310,7 @@ def _side_by_side(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The pooled table of the results.json files named, or a one-sentence refusal."""
     parser = argparse.ArgumentParser(description="The pooled table of several --overhead calls.")
     parser.add_argument("results", nargs="+", type=Path, help="each call's results.json")
     args = parser.parse_args(argv)
