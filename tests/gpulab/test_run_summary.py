@@ -268,8 +268,8 @@ def test_pooling_a_file_that_is_no_comparison_is_refused_in_one_sentence(
 
 
 def test_the_pooled_table_reads_the_results_the_gpu_lab_wrote() -> None:
-    """Runs 19 and 20 (recorded/run*-overhead.json, as run.py wrote them on the H200): each
-    call's shadow_linear row at batch 1 is its own table's, and the two pool into one row."""
+    """Runs 19 and 20's results (recorded/run*-overhead.json, as run.py wrote them on the H200)
+    are read as written, and their shadow_linear rounds at batch 1 pool into one row."""
     calls = [json.loads((RECORDED / f"run{n}-0.5.11-overhead.json").read_text()) for n in (19, 20)]
     alone = [
         next(r for r in pooled_table([c]) if r.startswith("| 0.5.11 | 1 | ddtree_shadow |"))
