@@ -64,6 +64,7 @@ from typing import Any
 
 import httpx
 import yaml
+from decode_log import overhead_servers_steps
 from speed import pass_requests, timed_pass
 from tables import render_table, summarize
 from timeline import read_trace, summarize_trace
@@ -1002,6 +1003,10 @@ def main() -> int:
     def save() -> None:
         """After every cell: a call cut short still brings back what ran."""
         results["cells"] = [asdict(c) for c in cells]
+        # The decode log of this call's --overhead servers (none without it): a reused root
+        # keeps the logs of servers an earlier call ran.
+        overhead_names = list(dict.fromkeys(p["algo"] for p in results["overhead"]))
+        results["decode_log"] = overhead_servers_steps(lab.logs, overhead_names)
         results["wall_s"] = round(time.monotonic() - began, 1)
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
         (args.out / "results.md").write_text(render_table(results))

@@ -62,6 +62,8 @@ def render_table(results: dict[str, Any]) -> str:
             lines += ["", *speed_table(results["cells"], results["training"])]
     if results.get("overhead"):
         lines += ["", *overhead_table(results["overhead"])]
+    if results.get("decode_log"):
+        lines += ["", *decode_log_table(results["decode_log"])]
     if results.get("timeline"):
         lines += ["", *timeline_table(results["timeline"])]
     if results.get("tune"):
@@ -209,6 +211,27 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
                          f"| {_ratio_cell(paired_ratios(runs, name))} | {step_cost} |")  # fmt: skip
     checks = [f"- API key, {p['algo']}: {p['key_check']}" for p in passes if p.get("key_check")]
     return lines + (["", *checks] if checks else [])
+
+
+def decode_log_table(steps: dict[str, dict[str, Any] | None]) -> list[str]:
+    """Each server's step from its own decode log (decode_log.py): ms a step at its fullest
+    batch, with requests queued and without, beside DFLASH's; the reading that holds at more
+    requests in flight than a server runs, where the passes' step time includes the queue."""
+    lines = ["| server (decode log) | running | ms a step, queued (windows) | over DFLASH "
+             "| ms a step, none queued (windows) | over DFLASH |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    base = steps.get("dflash") or {}
+    for name, summary in steps.items():
+        if summary is None:
+            lines.append(f"| {name} | no decode windows in its log | | | | |")
+            continue
+        cells = []
+        for key in ("queued", "unqueued"):
+            ms, ref = summary[key]["step_ms"], (base.get(key) or {}).get("step_ms")
+            cells.append(f"{ms} ({summary[key]['windows']})" if ms is not None else "-")
+            cells.append(f"{ms - ref:+.2f}" if ms is not None and ref is not None else "-")
+        lines.append(f"| {name} | {summary['running']} | {' | '.join(cells)} |")
+    return lines
 
 
 def pooled_table(results: list[dict[str, Any]]) -> list[str]:
