@@ -5,8 +5,8 @@ There a request's time includes its wait in the queue, so the timed passes compa
 (which the acceptance of each pass moves too). The scheduler logs a window every 40 decode steps
 with the requests running, their accept length, the tokens/s since the window before and the
 requests queued; a window of `running` requests at accept length `a` and `t` tokens/s took
-running * a / t seconds a step. Pure functions of the log's text (0.5.11 to 0.5.16 write the
-same line), tested on CPU (test_decode_log.py).
+running * a / t seconds a step. Pure functions of the log's text (0.5.11's and 0.5.14's servers
+wrote the same line in run 20), tested on CPU (test_decode_log.py).
 """
 
 from __future__ import annotations
