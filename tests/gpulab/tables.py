@@ -191,7 +191,7 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
             rounds = sorted(set(runs["dflash"]) & set(runs[name]))
             if not rounds:
                 continue
-            warm = [r for r in rounds if r > 0] or rounds
+            warm = _paired_rounds(runs, name)
             steps = [runs[name][r]["step_ms"] - runs["dflash"][r]["step_ms"] for r in warm
                      if runs[name][r].get("step_ms") and runs["dflash"][r].get("step_ms")]  # fmt: skip
             step_cost = f"{statistics.median(steps):+.2f}" if steps else "-"
@@ -263,9 +263,15 @@ def pooled_table(results: list[dict[str, Any]]) -> list[str]:
 def paired_ratios(runs: dict[str, dict[int, dict[str, Any]]], name: str) -> list[float]:
     """`name`'s tok/s over DFLASH's in each round both were timed (`runs`: per server, its
     passes by round at one level), round 0 left out when later rounds exist."""
+    return [runs[name][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"]
+            for r in _paired_rounds(runs, name)]  # fmt: skip
+
+
+def _paired_rounds(runs: dict[str, dict[int, dict[str, Any]]], name: str) -> list[int]:
+    """The rounds both `name` and DFLASH were timed in, round 0 left out when later ones exist
+    (the first requests of each batch shape on a fresh server)."""
     rounds = sorted(set(runs.get("dflash", {})) & set(runs.get(name, {})))
-    warm = [r for r in rounds if r > 0] or rounds
-    return [runs[name][r]["tokens_per_s"] / runs["dflash"][r]["tokens_per_s"] for r in warm]
+    return [r for r in rounds if r > 0] or rounds
 
 
 def _levels(passes: list[dict[str, Any]]) -> list[int]:
