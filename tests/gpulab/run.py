@@ -28,7 +28,7 @@ included), in its log, and whether a request without the key is refused (issue 2
 real server).
 
 `--overhead N`: DFLASH, shadow_linear and a tree per `--budgets` entry served side by side on
-the attention target, their passes interleaved over N rounds at 1, 8 and 32 requests in flight
+the attention target (or `--targets hybrid`: the GDN hybrid's recurrent-state steps), their passes interleaved over N rounds at 1, 8 and 32 requests in flight
 (round 0 the product's validate, later rounds timed over HTTP with the same requests for every
 server, about OVERHEAD_PASS_S each, the order rotating per round): shadow_linear's cost and
 each tree's speed over DFLASH, as medians of paired rounds. A follow-up call whose gates an
@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import yaml
@@ -71,6 +71,7 @@ from timeline import read_trace, summarize_trace
 
 REPO = Path(__file__).resolve().parents[2]
 ALGOS = ("dflash", "ddtree_shadow", "ddtree")
+TARGETS = ("attention", "hybrid")  # the lab's models (models.py), in the matrix's order
 IN_FLIGHT = "8"  # the batched passes' requests in flight (--in-flight): 4 passes, 8 at once
 LONG_ANSWER = 160  # new tokens every prompt answers (the matrix asks for at least 128)
 OVERHEAD_CONCURRENCY = (1, 8, 32)
@@ -580,11 +581,8 @@ def run_cells(
     batch 1, then every cell at each level in flight, so the speeds compared at one level are
     measured minutes apart at most."""
     size = lab.size_name
-    overrides = [cell_overrides(target, size, spec.algo, [*base, *spec.width]) for spec in specs]
-    if together:
-        overrides = [
-            [*o, *lab.size.shared_gpu, f"service.port={30000 + i}"] for i, o in enumerate(overrides)
-        ]
+    overrides = (shared_gpu_overrides(lab, target, specs, base) if together else
+                 [cell_overrides(target, size, spec.algo, [*base, *spec.width]) for spec in specs])  # fmt: skip
     plan = TargetCells(
         cells=[Cell(target, spec.algo, list(spec.width), planted=spec.planted) for spec in specs],
         names=["-".join([target, spec.key]) for spec in specs],
@@ -595,6 +593,15 @@ def run_cells(
     cells.extend(plan.cells)
     (serve_together if together else serve_in_turn)(lab, plan, save)
     save()
+
+
+def shared_gpu_overrides(
+    lab: Lab, target: str, specs: Sequence[CellSpec], base: Sequence[str]
+) -> list[list[str]]:
+    """Each cell's overrides for servers that share the GPU at once: its own port (30000 on)
+    and the size's caps on each server's share."""
+    return [[*cell_overrides(target, lab.size_name, spec.algo, [*base, *spec.width]),
+             *lab.size.shared_gpu, f"service.port={30000 + i}"] for i, spec in enumerate(specs)]  # fmt: skip
 
 
 def serve_in_turn(lab: Lab, plan: TargetCells, save: Callable[[], None]) -> None:
@@ -659,7 +666,9 @@ class OverheadPlan:
     per budget against DFLASH, and with `control` a second DFLASH server: the ratio two
     identical servers show is the lab's own spread, the floor any other ratio is read against.
     Without `gates`, round 0 is one wave per server over HTTP: it warms each batch shape and
-    sizes the later passes as the validate does, in seconds instead of a validate's 16 to 20."""
+    sizes the later passes as the validate does, in seconds instead of a validate's 16 to 20.
+    `target` is the lab model they serve: attention, or hybrid (issue 22's recurrent-state
+    steps)."""
 
     rounds: int
     budgets: tuple[str, ...] = ()
@@ -667,17 +676,18 @@ class OverheadPlan:
     pass_s: float = OVERHEAD_PASS_S
     control: bool = False
     gates: bool = True
+    target: str = "attention"
 
 
-def overhead_cells(budgets: Sequence[str], *, control: bool = False) -> dict[str, list[str]]:
+def overhead_cells(budgets: Sequence[str], *, control: bool = False) -> dict[str, CellSpec]:
     """The interleaved comparison's servers: DFLASH first (its round-0 pass stores the baseline
     the others are held to), with `control` a second DFLASH, shadow_linear, and a tree server per
     budget."""
-    cells = {"dflash": ["algo=dflash"]}
+    cells = {"dflash": CellSpec("dflash")}
     if control:
-        cells[CONTROL] = ["algo=dflash"]
-    cells["ddtree_shadow"] = ["algo=ddtree_shadow"]
-    cells.update({f"ddtree-{b}": ["algo=ddtree", f"algo.budget={b}"] for b in budgets})
+        cells[CONTROL] = CellSpec("dflash")
+    cells["ddtree_shadow"] = CellSpec("ddtree_shadow")
+    cells.update({f"ddtree-{b}": CellSpec("ddtree", (f"algo.budget={b}",)) for b in budgets})
     return cells
 
 
@@ -689,17 +699,17 @@ def run_overhead(
     save: Callable[[], None],
     timelines: dict[str, Any] | None = None,
 ) -> None:
-    """DDTree's cost and speed against DFLASH: the servers of `plan` served at once on the
-    attention target, their passes interleaved at each level. Round 0 is the product's
+    """DDTree's cost and speed against DFLASH: the servers of `plan` served at once on its
+    target, their passes interleaved at each level. Round 0 is the product's
     `action=validate` on each, DFLASH first (the gates, and the baseline the others are held
     to; the control only answers the same requests, so it stores no baseline of its own), or
     without `plan.gates` one wave on each over HTTP; later
     rounds are timed passes straight over HTTP (speed.py), as many requests as DFLASH's round 0
     answered in about `plan.pass_s` seconds, the same for every server, the order rotating per
     round, so drift of the machine falls on all alike."""
-    shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
-    cells = {name: [*shared, *algo, f"service.port={30000 + i}"] for i, (name, algo)
-             in enumerate(overhead_cells(plan.budgets, control=plan.control).items())}  # fmt: skip
+    specs = overhead_cells(plan.budgets, control=plan.control)
+    overrides = shared_gpu_overrides(lab, plan.target, list(specs.values()), base)
+    cells = dict(zip(specs, overrides, strict=True))
     servers = {name: lab.start(f"overhead-{name}", o) for name, o in cells.items()}
     headers = {"Authorization": f"Bearer {lab.api_key}"} if lab.api_key else {}
     try:
@@ -912,7 +922,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--root", type=Path, default=Path("/tmp/ddtree-lab"))
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="models.py's sizes")
-    parser.add_argument("--targets", default="attention,hybrid")
+    parser.add_argument("--targets", help="default attention,hybrid; --overhead serves one "
+                        "(attention without it), --tune attention")  # fmt: skip
     parser.add_argument("--algos", default=",".join(ALGOS), help="dflash must come first")
     parser.add_argument(
         "--steps", help="default: plan on a reused root, else plan,patch,audit,build-kernels"
@@ -965,7 +976,9 @@ def main() -> int:
     parser.add_argument("--models-only", action="store_true",
                         help="install, run --steps and write (or train) the models, then stop")  # fmt: skip
     args = parser.parse_args()
-    targets = ["attention"] if args.overhead or args.tune else args.targets.split(",")
+    targets = lab_targets(
+        args.targets, overhead=bool(args.overhead), tune=args.tune, error=parser.error
+    )
     if args.size == "trained" and targets != ["attention"]:
         parser.error("--size trained has one target: give --targets attention")
     if args.profile and not args.overhead:
@@ -1020,14 +1033,16 @@ def main() -> int:
         elif args.overhead:
             plan = OverheadPlan(args.overhead, tuple(b for b in args.budgets.split(",") if b),
                                 overhead_levels(args.in_flight, batch_1=not args.no_batch_1),
-                                args.pass_seconds, args.control, gates=not args.no_gates)  # fmt: skip
+                                args.pass_seconds, args.control, gates=not args.no_gates,
+                                target=targets[0])  # fmt: skip
+            results["overhead_target"] = plan.target
             timelines = results.setdefault("timeline", {}) if args.profile else None
             run_overhead(lab, plan, base, results["overhead"], save, timelines)
         elif args.tune:
             results["tune_sweep"] = []
             results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
         else:
-            run_matrix(lab, args, base, cells, save)
+            run_matrix(lab, args, targets, base, cells, save)
     finally:
         save()
     print((args.out / "results.md").read_text())
@@ -1046,8 +1061,30 @@ def overhead_levels(option: str | None, *, batch_1: bool = True) -> tuple[int, .
     return levels if batch_1 else tuple(level for level in levels if level != 1)
 
 
+def lab_targets(
+    option: str | None, *, overhead: bool, tune: bool, error: Callable[[str], NoReturn]
+) -> list[str]:
+    """The targets --targets names (the matrix: both without it); the interleaved comparison
+    serves one (attention without it), the tune sweep attention alone; `error` refuses."""
+    targets = option.split(",") if option else ["attention"] if overhead or tune else list(TARGETS)
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        error(f"--targets names {', '.join(unknown)}: the lab's targets are {', '.join(TARGETS)}")
+    if overhead and len(targets) != 1:
+        error("--overhead compares servers on one target: give --targets attention or "
+              "--targets hybrid")  # fmt: skip
+    if tune and targets != ["attention"]:
+        error("--tune sweeps the attention target only: leave out --targets")
+    return targets
+
+
 def run_matrix(
-    lab: Lab, args: argparse.Namespace, base: list[str], cells: list[Cell], save: Callable[[], None]
+    lab: Lab,
+    args: argparse.Namespace,
+    targets: list[str],
+    base: list[str],
+    cells: list[Cell],
+    save: Callable[[], None],
 ) -> None:
     """Every target x algorithm (a tree cell per budget of --budgets, the planted tree with
     --planted-bug), at batch 1 and, for the cells --batched names (all without it), batched."""
@@ -1058,7 +1095,7 @@ def run_matrix(
     specs = plan_cells(args.algos.split(","), budgets, planted=args.planted_bug, batched=batched)
     together = set(args.together.split(",")) if args.together else set()
     in_flight = in_flight_levels(args.in_flight or IN_FLIGHT)
-    for target in args.targets.split(","):
+    for target in targets:
         run_cells(lab, target, specs, base, cells, save, together=target in together,
                   in_flight=in_flight)  # fmt: skip
 

@@ -61,7 +61,8 @@ def render_table(results: dict[str, Any]) -> str:
         if results.get("training"):
             lines += ["", *speed_table(results["cells"], results["training"])]
     if results.get("overhead"):
-        lines += ["", *overhead_table(results["overhead"])]
+        lines += ["", f"Interleaved comparison on the {overhead_target(results)} target:", "",
+                  *overhead_table(results["overhead"])]  # fmt: skip
     if results.get("decode_log"):
         lines += ["", *decode_log_table(results["decode_log"])]
     if results.get("timeline"):
@@ -234,13 +235,18 @@ def decode_log_table(steps: dict[str, dict[str, Any] | None]) -> list[str]:
     return lines
 
 
+def overhead_target(results: dict[str, Any]) -> str:
+    """The lab model an interleaved comparison served (attention before run.py named it)."""
+    return results.get("overhead_target", "attention")
+
+
 def pooled_table(results: list[dict[str, Any]]) -> list[str]:
     """Several calls' interleaved comparisons (their results.json) as one table: per release,
-    level and server, the paired rounds of every call pooled (each call's round 0 left out as
-    in its own table), their median ratio over DFLASH with range and 95% interval: a figure
-    that one call's rounds cannot resolve, read from several."""
-    pooled: dict[tuple[str, int, str], list[float]] = {}
-    calls: dict[tuple[str, int, str], int] = {}
+    target, level and server, the paired rounds of every call pooled (each call's round 0 left
+    out as in its own table), their median ratio over DFLASH with range and 95% interval: a
+    figure that one call's rounds cannot resolve, read from several."""
+    pooled: dict[tuple[str, str, int, str], list[float]] = {}
+    calls: dict[tuple[str, str, int, str], int] = {}
     for result in results:
         passes = result.get("overhead") or []
         names = [n for n in dict.fromkeys(p["algo"] for p in passes) if n != "dflash"]
@@ -248,14 +254,15 @@ def pooled_table(results: list[dict[str, Any]]) -> list[str]:
             runs = _level_runs(passes, level, ["dflash", *names])
             for name in names:
                 if ratios := paired_ratios(runs, name):
-                    key = (result["release"], level, name)
+                    key = (result["release"], overhead_target(result), level, name)
                     pooled.setdefault(key, []).extend(ratios)
                     calls[key] = calls.get(key, 0) + 1
-    lines = ["| release | in flight | server | calls | rounds "
+    lines = ["| release | target | in flight | server | calls | rounds "
              "| x DFLASH: median of paired rounds (range; 95% interval) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for (release, level, name), ratios in sorted(pooled.items()):
-        lines.append(f"| {release} | {level} | {name} | {calls[release, level, name]} "
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key, ratios in sorted(pooled.items()):
+        release, target, level, name = key
+        lines.append(f"| {release} | {target} | {level} | {name} | {calls[key]} "
                      f"| {len(ratios)} | {_ratio_cell(ratios)} |")  # fmt: skip
     return lines
 

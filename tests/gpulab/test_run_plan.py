@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 import pytest
@@ -139,6 +140,7 @@ class _Lab(Lab):
         self.env["DDTREE_LAB_ROOT"] = str(root)
         self.logs.mkdir(parents=True)
         self.environments: dict[str, dict[str, str] | None] = {}
+        self.started: dict[str, list[str]] = {}  # each server's overrides, by label
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.baselines: set[tuple[str, ...]] = set()
 
@@ -146,6 +148,7 @@ class _Lab(Lab):
         self, label: str, overrides: list[str], environment: dict[str, str] | None = None
     ) -> Server:
         self.environments[label] = environment
+        self.started[label] = overrides
         log = self.logs / f"server-{label}.log"
         log.write_text(f"{PLANT_MARKER} {PLANTED_BUG} installed\n" if environment else "up\n")
         port = next((int(o.split("=")[1]) for o in overrides if o.startswith("service.port=")), 0)
@@ -298,8 +301,32 @@ def test_an_api_key_lab_deploys_every_server_with_the_key_the_tool_reads(tmp_pat
 def test_the_interleaved_comparison_serves_dflash_first_then_shadow_then_each_budget() -> None:
     cells = run.overhead_cells(["15", "63"])
     assert list(cells) == ["dflash", "ddtree_shadow", "ddtree-15", "ddtree-63"]
-    assert cells["ddtree-63"] == ["algo=ddtree", "algo.budget=63"]
-    assert compose_config(cells["ddtree-63"]).algo.budget == 63
+    assert cells["ddtree-63"] == run.CellSpec("ddtree", ("algo.budget=63",))
+
+
+@pytest.mark.parametrize("target", ["attention", "hybrid"])
+def test_the_interleaved_comparison_serves_its_target_each_server_on_its_own_port(
+    target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--overhead --targets hybrid: every server on the GDN hybrid (issue 22's recurrent-state
+    steps), its tree allowed there as the matrix's hybrid cells are; each composes on the lab
+    host with the shared-GPU caps and its own port."""
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
+    lab = _Lab(tmp_path)
+    lab.prompt_set, lab.prompts = [{"text": "t", "max_new_tokens": 9}] * 16, 16
+    plan = run.OverheadPlan(1, ("15",), levels=(1,), target=target)
+    run.run_overhead(lab, plan, [], [], lambda: None)
+    assert list(lab.started) == ["overhead-dflash", "overhead-ddtree_shadow", "overhead-ddtree-15"]
+    for port, (label, overrides) in enumerate(lab.started.items(), start=30000):
+        cfg = compose_config([*LAB, "service=lab_realistic", *overrides])
+        assert cfg.model.target_path.endswith(f"/models/realistic/{target}/target")
+        assert cfg.service.port == port
+        assert cfg.service.max_total_tokens is not None  # the servers share the GPU
+        if label == "overhead-ddtree-15":
+            assert cfg.algo.budget == 15
+            assert cfg.algo.allow_hybrid_unsafe == (target == "hybrid")
+    # the validate of each server's round 0 judges the same server, on the same target
+    assert all(f"model=lab_{target}_realistic" in overrides for _, overrides in lab.calls)
 
 
 def _overhead_lab(tmp_path: Path) -> _Lab:
@@ -481,7 +508,7 @@ def test_the_control_is_a_second_dflash_timed_like_the_others_that_stores_no_bas
     passes: list[dict[str, object]] = []
     run.run_overhead(lab, run.OverheadPlan(2, levels=(1, 32), control=True), [], passes,
                      lambda: None)  # fmt: skip
-    assert run.overhead_cells([], control=True)[run.CONTROL] == ["algo=dflash"]
+    assert run.overhead_cells([], control=True)[run.CONTROL] == run.CellSpec("dflash")
     assert [name for name, _ in lab.calls] == [
         "overhead-r0-c1-dflash", "overhead-r0-c1-ddtree_shadow",
         "overhead-r0-c32-dflash", "overhead-r0-c32-ddtree_shadow",
@@ -518,3 +545,38 @@ def test_no_batch_1_without_another_level_is_refused_in_one_sentence(
     assert exited.value.code == 2
     assert "error: --no-batch-1 leaves no level" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "sentence"),
+    [(["--overhead", "2", "--targets", "attention,hybrid"],
+      "error: --overhead compares servers on one target"),
+     (["--tune", "--targets", "hybrid"], "error: --tune sweeps the attention target only"),
+     (["--targets", "hybird"], "error: --targets names hybird: the lab's targets are")],
+)  # fmt: skip
+def test_targets_the_run_cannot_serve_are_refused_in_one_sentence(
+    argv: list[str],
+    sentence: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--overhead and --tune once served the attention target whatever --targets said."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(out), *argv])
+    with pytest.raises(SystemExit) as exited:
+        run.main()
+    assert exited.value.code == 2
+    assert sentence in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_targets_default_to_both_for_the_matrix_and_attention_for_a_comparison() -> None:
+    def refuse(sentence: str) -> NoReturn:
+        raise AssertionError(sentence)
+
+    both = ["attention", "hybrid"]
+    assert run.lab_targets(None, overhead=False, tune=False, error=refuse) == both
+    assert run.lab_targets(None, overhead=True, tune=False, error=refuse) == ["attention"]
+    assert run.lab_targets(None, overhead=False, tune=True, error=refuse) == ["attention"]
+    assert run.lab_targets("hybrid", overhead=True, tune=False, error=refuse) == ["hybrid"]

@@ -223,9 +223,12 @@ def test_the_timeline_table_puts_each_servers_kernels_side_by_side() -> None:
     assert not any("function (inclusive" in line for line in lines)  # no functions: no table
 
 
-def _call(release: str, ratios: dict[int, list[float]]) -> dict[str, Any]:
+def _call(
+    release: str, ratios: dict[int, list[float]], target: str | None = None
+) -> dict[str, Any]:
     """A results.json of one --overhead call: shadow_linear's ratio over DFLASH by round, per
-    level (round 0 first, at twice DFLASH's speed so that it shows if it is not left out)."""
+    level (round 0 first, at twice DFLASH's speed so that it shows if it is not left out), on
+    `target` (None: a call from before run.py recorded it)."""
     passes: list[dict[str, Any]] = [{"algo": "dflash", "start_s": 1.0}]
     for level, by_round in ratios.items():
         for rnd, ratio in enumerate([2.0, *by_round]):
@@ -233,20 +236,30 @@ def _call(release: str, ratios: dict[int, list[float]]) -> dict[str, Any]:
                         "tokens_per_s": 500.0},
                        {"algo": "ddtree_shadow", "round": rnd, "concurrency": level, "gates": {},
                         "tokens_per_s": 500.0 * ratio}]  # fmt: skip
-    return {"release": release, "overhead": passes}
+    return {"release": release, "overhead": passes,
+            **({"overhead_target": target} if target else {})}  # fmt: skip
 
 
-def test_the_pooled_table_joins_the_rounds_of_several_calls_per_release_and_level() -> None:
+def test_the_pooled_table_joins_the_rounds_of_several_calls_per_release_target_and_level() -> None:
     first = _call("0.5.11", {32: [0.93, 0.97], 8: [1.01]})
-    second = _call("0.5.11", {32: [1.00, 0.99, 1.02, 0.98]})
+    second = _call("0.5.11", {32: [1.00, 0.99, 1.02, 0.98]}, target="attention")
+    hybrid = _call("0.5.11", {32: [0.90, 0.91]}, target="hybrid")
     other = _call("0.5.14", {32: [1.01]})
-    header, _, *rows = pooled_table([first, second, other])
-    assert header.startswith("| release | in flight | server | calls | rounds |")
+    header, _, *rows = pooled_table([first, second, hybrid, other])
+    assert header.startswith("| release | target | in flight | server | calls | rounds |")
     assert rows == [
-        "| 0.5.11 | 8 | ddtree_shadow | 1 | 1 | 1.010 |",
-        "| 0.5.11 | 32 | ddtree_shadow | 2 | 6 | 0.985 (0.930-1.020; 0.930-1.020) |",
-        "| 0.5.14 | 32 | ddtree_shadow | 1 | 1 | 1.010 |",
+        "| 0.5.11 | attention | 8 | ddtree_shadow | 1 | 1 | 1.010 |",
+        "| 0.5.11 | attention | 32 | ddtree_shadow | 2 | 6 | 0.985 (0.930-1.020; 0.930-1.020) |",
+        "| 0.5.11 | hybrid | 32 | ddtree_shadow | 1 | 2 | 0.905 (0.900-0.910) |",
+        "| 0.5.14 | attention | 32 | ddtree_shadow | 1 | 1 | 1.010 |",
     ]
+
+
+def test_the_results_table_names_the_target_the_comparison_served() -> None:
+    for target, named in ((None, "attention"), ("hybrid", "hybrid")):
+        table = render_table({**_call("0.5.11", {1: [1.0]}, target=target), "steps": [],
+                              "cells": []})  # fmt: skip
+        assert f"Interleaved comparison on the {named} target:" in table.splitlines()
 
 
 def test_pooling_a_file_that_is_no_comparison_is_refused_in_one_sentence(
@@ -271,12 +284,8 @@ def test_the_pooled_table_reads_the_results_the_gpu_lab_wrote() -> None:
     """Runs 19 and 20's results (recorded/run*-overhead.json, as run.py wrote them on the H200)
     are read as written, and their shadow_linear rounds at batch 1 pool into one row."""
     calls = [json.loads((RECORDED / f"run{n}-0.5.11-overhead.json").read_text()) for n in (19, 20)]
-    alone = [
-        next(r for r in pooled_table([c]) if r.startswith("| 0.5.11 | 1 | ddtree_shadow |"))
-        for c in calls
-    ]
-    assert [row.split(" | ")[4] for row in alone] == ["23", "3"]
-    together = next(
-        r for r in pooled_table(calls) if r.startswith("| 0.5.11 | 1 | ddtree_shadow |")
-    )
-    assert together.split(" | ")[3:5] == ["2", "26"]  # two calls, their rounds together
+    shadow_at_batch_1 = "| 0.5.11 | attention | 1 | ddtree_shadow |"  # no target recorded then
+    alone = [next(r for r in pooled_table([c]) if r.startswith(shadow_at_batch_1)) for c in calls]
+    assert [row.split(" | ")[5] for row in alone] == ["23", "3"]
+    together = next(r for r in pooled_table(calls) if r.startswith(shadow_at_batch_1))
+    assert together.split(" | ")[4:6] == ["2", "26"]  # two calls, their rounds together
