@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+import host_counters
 import httpx
 import yaml
 from decode_log import overhead_servers_steps
@@ -384,6 +385,10 @@ class Lab:
             time.sleep(1)
         self.stop(server)
         return None, f"no /health 200 within {START_TIMEOUT_S} s"
+
+    def server_pids(self, server: Server) -> list[int]:
+        """The processes of a started server: its own, its scheduler's and detokenizer's."""
+        return group_pids(server.process.pid)
 
     def stop(self, *servers: Server) -> None:
         """SIGTERM the servers' process groups (scheduler, detokenizer) at once, SIGKILL the
@@ -720,6 +725,7 @@ def run_overhead(
                 return
             check = key_exposure(server, lab.api_key) if lab.api_key else None
             passes.append({"algo": name, "start_s": start_s, "key_check": check})
+        pids = {name: lab.server_pids(server) for name, server in servers.items()}
         order = list(cells)
         warm: dict[int, dict[str, Any]] = {}  # DFLASH's round-0 run per level: sizes the rest
         for rnd in range(plan.rounds):
@@ -739,9 +745,13 @@ def run_overhead(
                         run = summarize(step.report(lab.runs), step.exit_code)
                     else:
                         url = f"http://127.0.0.1:{servers[name].port}"
+                        before = host_counters.sample(pids[name])
                         try:
                             run = {"gates": {}, **timed_pass(url, lab.prompt_set, level=level,
                                                              requests=requests, headers=headers)}  # fmt: skip
+                            run["host"] = host_counters.pass_counters(
+                                before, host_counters.sample(pids[name])
+                            )
                         except httpx.HTTPError as error:  # a dead server: the others go on
                             run = {"gates": {}, "error": f"{type(error).__name__}: {error}"}
                     if rnd == 0 and name == "dflash":

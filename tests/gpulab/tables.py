@@ -63,6 +63,8 @@ def render_table(results: dict[str, Any]) -> str:
     if results.get("overhead"):
         lines += ["", f"Interleaved comparison on the {overhead_target(results)} target:", "",
                   *overhead_table(results["overhead"])]  # fmt: skip
+    if noise := noise_table(results.get("overhead") or []):
+        lines += ["", *noise]
     if results.get("decode_log"):
         lines += ["", *decode_log_table(results["decode_log"])]
     if results.get("timeline"):
@@ -212,6 +214,65 @@ def overhead_table(passes: list[dict[str, Any]]) -> list[str]:
                          f"| {_ratio_cell(paired_ratios(runs, name))} | {step_cost} |")  # fmt: skip
     checks = [f"- API key, {p['algo']}: {p['key_check']}" for p in passes if p.get("key_check")]
     return lines + (["", *checks] if checks else [])
+
+
+# The host counters a timed pass records (host_counters.py) that noise_table reads, and the
+# heading of each.
+NOISE_COVARIATES = {"steal_pct": "steal %", "cpus_busy": "busy CPUs",
+                    "hot_cpu_pct": "scheduler CPU %", "hot_preempted_per_s": "preemptions/s"}  # fmt: skip
+
+
+def noise_table(passes: list[dict[str, Any]]) -> list[str]:
+    """How much of the passes' spread the host explains: per level, over the rounds every server
+    was timed in (round 0 left out), each pass's log tok/s less its round's and its server's
+    means (what pairing cannot cancel), its standard deviation, and for each host counter the
+    correlation of the same residual of the counter with it and the spread left once it is
+    regressed out (sd x sqrt(1 - r^2)). Empty for passes without host counters (before stop 41)."""
+    rows = [row for level in _levels(passes) if (row := _noise_row(passes, level))]
+    if not rows:
+        return []
+    heads = " | ".join(f"r: {h} (sd left)" for h in NOISE_COVARIATES.values())
+    return ["| in flight | rounds x servers | pass sd, log tok/s | steal %, median / max "
+            f"| {heads} |", "|---|---|---|---|" + "---|" * len(NOISE_COVARIATES), *rows]  # fmt: skip
+
+
+def _noise_row(passes: list[dict[str, Any]], level: int) -> str | None:
+    """noise_table's row for `level`; None under three full rounds of two servers."""
+    by_round: dict[int, dict[str, dict[str, Any]]] = {}
+    for p in passes:
+        if (p.get("concurrency") == level and p.get("round", 0) > 0 and p.get("tokens_per_s")
+                and p.get("host")):  # fmt: skip
+            by_round.setdefault(p["round"], {})[p["algo"]] = p
+    names = sorted({name for timed in by_round.values() for name in timed})
+    full = [timed for timed in by_round.values() if sorted(timed) == names]
+    if len(full) < 3 or len(names) < 2:
+        return None
+    speed = _two_way_residuals([[math.log(t[n]["tokens_per_s"]) for n in names] for t in full])
+    sd = math.sqrt(sum(x * x for x in speed) / ((len(full) - 1) * (len(names) - 1)))
+    cells = []
+    for key in NOISE_COVARIATES:
+        values = [[t[n]["host"].get(key) for n in names] for t in full]
+        if any(None in v for v in values) or len({v for row in values for v in row}) < 2:
+            cells.append("-")  # not recorded, or the same in every pass
+            continue
+        try:
+            r = statistics.correlation(speed, _two_way_residuals(values))
+        except statistics.StatisticsError:  # the counter varied by server or round alone
+            cells.append("-")
+            continue
+        cells.append(f"{r:+.2f} ({100 * sd * math.sqrt(max(0.0, 1 - r * r)):.2f}%)")
+    steal = [t[n]["host"].get("steal_pct") or 0.0 for t in full for n in names]
+    return (f"| {level} | {len(full)} x {len(names)} | {100 * sd:.2f}% "
+            f"| {statistics.median(steal):.1f} / {max(steal):.1f} | {' | '.join(cells)} |")  # fmt: skip
+
+
+def _two_way_residuals(rows: list[list[float]]) -> list[float]:
+    """Each value less its row's (round's) and its column's (server's) means plus the grand
+    mean, row by row: the part of a pass that neither the round nor the server explains."""
+    grand = statistics.mean(v for row in rows for v in row)
+    col_means = [statistics.mean(col) for col in zip(*rows, strict=True)]
+    return [v - statistics.mean(row) - c + grand for row in rows
+            for v, c in zip(row, col_means, strict=True)]  # fmt: skip
 
 
 def decode_log_table(steps: dict[str, dict[str, Any] | None]) -> list[str]:

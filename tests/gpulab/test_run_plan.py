@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import httpx
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # run.py imports its sibling `tables`, as a script
@@ -156,6 +157,9 @@ class _Lab(Lab):
 
     def wait(self, server: Server) -> tuple[float | None, str | None]:
         return 1.0, None
+
+    def server_pids(self, server: Server) -> list[int]:
+        return [os.getpid()]  # no server runs: the counters watch this test's own process
 
     def stop(self, *servers: Server) -> None:
         pass
@@ -371,6 +375,10 @@ def test_the_interleaved_comparison_validates_round_0_then_times_rotated_passes(
     assert later[:3] == [(1, 1, "dflash"), (1, 1, "ddtree_shadow"), (1, 1, "ddtree-15")]
     assert later[9:12] == [(2, 1, "ddtree_shadow"), (2, 1, "ddtree-15"), (2, 1, "dflash")]
     assert all(p["gates"] == {} for p in passes if p.get("round", 0) > 0)
+    # each timed pass with what the host did meanwhile (here: this test's own process)
+    assert {p["host"]["hot_process"] for p in passes if p.get("round", 0) > 0} == {
+        psutil.Process().name()
+    }
     # 9 tokens an answer at DFLASH's 100 tok/s: 6 s is 67 answers at batch 1; at 8 and 32 in
     # flight whole waves of 8 and 32 (0.72 s and 2.88 s each), 8 and 2 of them.
     assert sizes == {1: {67}, 8: {64}, 32: {64}}
