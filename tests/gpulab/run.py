@@ -28,10 +28,12 @@ included), in its log, and whether a request without the key is refused (issue 2
 real server).
 
 `--overhead N`: DFLASH, shadow_linear and a tree per `--budgets` entry served side by side on
-the attention target (or `--targets hybrid`: the GDN hybrid's recurrent-state steps), their passes interleaved over N rounds at 1, 8 and 32 requests in flight
-(round 0 the product's validate, later rounds timed over HTTP with the same requests for every
-server, about OVERHEAD_PASS_S each, the order rotating per round): shadow_linear's cost and
-each tree's speed over DFLASH, as medians of paired rounds. A follow-up call whose gates an
+the attention target (`--targets hybrid`: on the GDN hybrid, its recurrent-state steps too),
+their passes interleaved over N rounds at 1, 8 and 32 requests in flight (round 0 the
+product's validate, later rounds timed over HTTP with the same requests for every server,
+about OVERHEAD_PASS_S each, the order rotating per round, each pass with what the host did
+meanwhile: host_counters.py): shadow_linear's cost and each tree's speed over DFLASH, as
+medians of paired rounds. A follow-up call whose gates an
 earlier one passed buys rounds with `--no-gates` (round 0 one untimed wave per server) and
 `--no-batch-1` (only the `--in-flight` levels).
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
