@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -98,3 +99,13 @@ def test_the_noise_table_needs_host_counters_and_three_rounds() -> None:
     table = render_table({"release": "0.5.11", "steps": [], "cells": [],
                           "overhead": _passes(4, [0.0, 3.0, 1.0, 4.0])})  # fmt: skip
     assert "| in flight | rounds x servers |" in table
+
+
+def test_the_noise_table_reads_the_counters_the_gpu_lab_recorded() -> None:
+    """Run 21's second call (recorded as run.py wrote it on an H100): 11 full rounds of three
+    servers at 32 in flight, every counter recorded."""
+    recorded = Path(__file__).parent / "recorded" / "run21-0.5.11-h100-call2-overhead.json"
+    *_, row = noise_table(json.loads(recorded.read_text())["overhead"])
+    cells = row.strip("| ").split(" | ")
+    assert cells[:2] == ["32", "11 x 3"]
+    assert all(cell != "-" for cell in cells[4:])
