@@ -252,13 +252,13 @@ def _noise_row(passes: list[dict[str, Any]], level: int) -> str | None:
     cells = []
     for key in NOISE_COVARIATES:
         values = [[t[n]["host"].get(key) for n in names] for t in full]
-        if any(None in v for v in values) or len({v for row in values for v in row}) < 2:
-            cells.append("-")  # not recorded, or the same in every pass
+        if any(None in v for v in values):
+            cells.append("-")  # not recorded
             continue
         try:
             r = statistics.correlation(speed, _two_way_residuals(values))
-        except statistics.StatisticsError:  # the counter varied by server or round alone
-            cells.append("-")
+        except statistics.StatisticsError:  # no residual left: the same in every pass, or
+            cells.append("-")  # varied by server or round alone
             continue
         cells.append(f"{r:+.2f} ({100 * sd * math.sqrt(max(0.0, 1 - r * r)):.2f}%)")
     steal = [t[n]["host"].get("steal_pct") or 0.0 for t in full for n in names]
