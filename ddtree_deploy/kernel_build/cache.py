@@ -8,7 +8,6 @@ written to a temp folder and renamed into place, so a killed run never leaves ha
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -16,7 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,21 +84,20 @@ class WheelCache:
         return CachedWheel(folder / wheel_name, sha256)
 
 
-def _replace_folder(new: Path, folder: Path, attempts: int = 20) -> None:
+def _replace_folder(new: Path, folder: Path) -> None:
     """Rename `new` to `folder`, first moving an entry already there aside (never removing it in
-    place: another run may be storing the same key at this moment; the last rename wins whole)."""
-    for _ in range(attempts):
-        try:
-            new.rename(folder)
-            return
-        except OSError as err:
-            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
+    place, so a reader sees the old entry or the new one whole), holding the cache folder's lock
+    (`flock` on the folder itself) for the two renames: without it, writers storing one key at once
+    kept overtaking each other between them, and a busy machine starved one of them."""
+    lock = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))
         try:
-            folder.rename(aside / "entry")
-        except FileNotFoundError:  # another writer moved it first
-            pass
+            with suppress(FileNotFoundError):  # no entry yet
+                folder.rename(aside / "entry")
+            new.rename(folder)
         finally:
             shutil.rmtree(aside, ignore_errors=True)
-    raise OSError(f"could not store {folder}: other writers kept replacing it")
+    finally:
+        os.close(lock)  # closing the descriptor releases the lock

@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from kernel_build.test_key import BASE as KEY
 
 from ddtree_deploy.kernel_build.cache import WheelCache
@@ -33,6 +34,45 @@ def test_writers_storing_one_key_at_once_all_succeed_and_leave_one_whole_entry(
     cached = WheelCache(tmp_path).get(KEY)
     assert cached is not None and cached.path.read_bytes().startswith(b"writer ")
     assert [p.name for p in tmp_path.iterdir()] == [KEY.slug]  # no temp folder left behind
+
+
+def test_a_store_overtaken_by_another_writer_at_every_step_still_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a busy machine did to CI's run of the test above: each time this writer had moved the
+    old entry aside, another writer stored the key before this one's next rename."""
+    cache = WheelCache(tmp_path)
+    cache.put(KEY, WHEEL, b"first" * 512, built_on="lab")
+    entry = tmp_path / KEY.slug
+    rivals: list[threading.Thread] = []
+    failures: list[BaseException] = []
+    rename = Path.rename
+
+    def rival_store() -> None:
+        try:
+            cache.put(KEY, WHEEL, b"rival" * 512, built_on="rival")
+        except BaseException as err:  # reported by the assertion below
+            failures.append(err)
+
+    def overtaken_rename(self: Path, target: Path) -> Path:
+        moved = rename(self, target)
+        if threading.current_thread() is threading.main_thread() and self == entry:
+            rival = threading.Thread(target=rival_store)
+            rivals.append(rival)
+            rival.start()
+            rival.join(timeout=0.5)  # the rival runs now, unless it must wait for this store
+        return moved
+
+    monkeypatch.setattr(Path, "rename", overtaken_rename)
+    stored = cache.put(KEY, WHEEL, b"mine" * 512, built_on="lab")
+    for rival in rivals:
+        rival.join(timeout=30)
+    monkeypatch.undo()
+
+    assert stored.path.parent == entry and failures == []
+    cached = WheelCache(tmp_path).get(KEY)
+    assert cached is not None and cached.path.read_bytes() in (b"mine" * 512, b"rival" * 512)
+    assert [p.name for p in tmp_path.iterdir()] == [KEY.slug]
 
 
 def test_hosts_of_one_abi_deployed_at_once_build_the_wheel_once(tmp_path: Path) -> None:
