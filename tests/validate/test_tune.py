@@ -116,7 +116,10 @@ def test_tune_promotes_the_best_geomean_candidate_and_reports_the_sweep(
 def test_tune_never_promotes_a_diverging_candidate(tune_host: StandinLab, tmp_path: Path) -> None:
     fault = ("+service.environment.STANDIN_FAULT=tree_divergence",)
     budget = ("+service.environment.STANDIN_FAULT_BUDGET=8",)
-    assert main(argv(tune_host, tmp_path, *SMALL, *fault, *budget)) == 0
+    # What this judges is the divergence, so the speed floor is out of the way: on a loaded CI
+    # machine budget 15 measured 1.03 x (1.27 x alone) and missed the default 1.05.
+    any_speed = ("validation.min_speedup=0.5",)
+    assert main(argv(tune_host, tmp_path, *SMALL, *fault, *budget, *any_speed)) == 0
     report = last_report(tmp_path)
     assert any("starts on linear DFlash" in note for note in report["notes"])
     diverged = by_slug(report)["b8k2"]
