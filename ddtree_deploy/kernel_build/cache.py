@@ -86,9 +86,10 @@ class WheelCache:
 
 def _replace_folder(new: Path, folder: Path) -> None:
     """Rename `new` to `folder`, first moving an entry already there aside (never removing it in
-    place, so a reader sees the old entry or the new one whole), holding the cache folder's lock
-    (`flock` on the folder itself) for the two renames: without it, writers storing one key at once
-    kept overtaking each other between them, and a busy machine starved one of them."""
+    place: a reader sees the old entry whole, the new one, or between the renames a miss), holding
+    the cache folder's lock (`flock` on the folder itself) for the two renames: without it, writers
+    storing one key at once kept overtaking each other between them, and a busy machine starved
+    one of them."""
     lock = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
