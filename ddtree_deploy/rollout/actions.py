@@ -31,10 +31,12 @@ from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status, installed_patch_step
 from ddtree_deploy.rollout.tune import tune
 from ddtree_deploy.rollout.validation_flow import deploy_validated, validate_running
+from ddtree_deploy.rollout.watch_record import record_validated
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
 from ddtree_deploy.service.secret import load_api_key
 from ddtree_deploy.steps import check_steps
+from ddtree_deploy.validate.gates import Decision
 from ddtree_deploy.validate.record import ValidationRecord
 
 
@@ -128,6 +130,8 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
     record = ValidationRecord(cfg.host.name, algo_summary(cfg))
     with connect(cfg.host) as host, _locked(cfg, host):
         outcome = deploy_validated(cfg, host, record)
+        if record.decision == Decision.promote.value:
+            record_validated(cfg, host, outcome.preflight.facts)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     where = f"generation {outcome.generation}" if outcome.generation else "no generation"
     return ActionOutcome(
@@ -151,8 +155,9 @@ def validate_action(cfg: DeployConfig) -> ActionOutcome:
         )
     record = ValidationRecord(cfg.host.name, algo_summary(cfg))
     with connect(cfg.host) as host, _locked(cfg, host):
-        preflight(cfg, host)
+        report = preflight(cfg, host)
         validate_running(cfg, host, record)
+        record_validated(cfg, host, report.facts)
     return ActionOutcome(summary=record.sentence, validation=record)
 
 

@@ -2,7 +2,9 @@
 
 Drift is anything changed outside the tool since the current generation was committed: the unit
 or env file's bytes or mode, a unit file systemd has not reloaded, a disabled unit, a patched
-SGLang file that matches neither its pristine nor its patched hash. On a host without systemd
+SGLang file that matches neither its pristine nor its patched hash, and any part of the
+fingerprint the last passed validation recorded (driver, CUDA, torch, SGLang files, model and
+drafter, kernels) that changed since. On a host without systemd
 management (`host.systemd=false`, a staging host) no unit exists to ask about, so the status
 holds the rest. It reads the host only; it never changes it.
 """
@@ -24,6 +26,7 @@ from ddtree_deploy.patching import FileState
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.preflight import sglang_python
+from ddtree_deploy.rollout.watch_record import fingerprint_drift
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import sha256_text, unit_paths
 from ddtree_deploy.steps import PlanStatus
@@ -47,6 +50,8 @@ class HostStatus:
     kernels: str
     drift: tuple[str, ...]
     locked_by: str | None  # the run holding the host's lock, if any
+    # The parts of the last passed validation's fingerprint that changed since (also in drift).
+    fingerprint_drift: tuple[str, ...] = ()
 
 
 def installed_patch_step(cfg: DeployConfig, facts: HostFacts) -> PatchStep:
@@ -76,6 +81,8 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         for path, file_state in patch_files
         if file_state == FileState.drifted
     ]
+    changed_parts = fingerprint_drift(cfg, host, facts)
+    drift += changed_parts
     owed = state["pending_restart"]
     status = HostStatus(
         host=cfg.host.name,
@@ -94,6 +101,7 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         kernels=_kernels_state(cfg, facts, host),
         drift=tuple(drift),
         locked_by=lock_holder(host, PurePosixPath(cfg.host.state_dir)),
+        fingerprint_drift=tuple(changed_parts),
     )
     emit(
         "status",
