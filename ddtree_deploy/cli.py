@@ -139,11 +139,19 @@ def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
     if outcome.results:
         render.results_table(f"{cfg.action}: {cfg.host.name}", outcome.results)
     if outcome.status is not None:
-        render.status_table(outcome.status)
+        _render_status(outcome)
     if outcome.kernels is not None:
         render.kernels_result(cfg.host.name, outcome.kernels)
     if outcome.summary is not None:
         console.print_line(outcome.summary, style="green")
+
+
+def _render_status(outcome: ActionOutcome) -> None:
+    """The status table, or with output=prometheus the metrics text alone (for scripts)."""
+    if outcome.metrics is not None:
+        console.stdout.out(outcome.metrics, end="", highlight=False)
+    elif outcome.status is not None:
+        render.status_table(outcome.status)
 
 
 def _render_service(cfg: DeployConfig, outcome: ActionOutcome) -> None:

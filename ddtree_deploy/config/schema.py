@@ -40,6 +40,7 @@ class Output(StrEnum):
 
     table = "table"
     json = "json"
+    prometheus = "prometheus"  # action=status: the host's metrics in Prometheus text format
 
 
 @dataclass
@@ -323,8 +324,43 @@ class FleetConfig:
     restart: bool = False
 
 
+class WatchPolicy(StrEnum):
+    """What a failed re-validation does to the service (ddtree_deploy.rollout.revalidate)."""
+
+    rollback = "rollback"  # back to linear DFlash, proven healthy, as a failed deploy does
+    alert = "alert"  # change nothing: exit non-zero, a journal line, the metrics say failed
+    pause = "pause"  # change nothing and stop the watch's timer until the operator acts
+
+
+@dataclass
+class WatchConfig:
+    """The re-validation timer installed beside the unit (conf/watch/; docs/watch.md)."""
+
+    # Install the timer with the unit (host.systemd=true) where `command` exists on the host.
+    enabled: bool = True
+    interval: str = "1h"  # systemd time span between runs (OnUnitActiveSec)
+    accuracy: str = "1min"  # AccuracySec: how late systemd may start a run
+    # Prompts of validation.prompts (the first ones) a routine run sends; a changed fingerprint
+    # re-validates in full, the whole set through linear DFlash, shadow and tree.
+    prompt_sample: int = 2
+    policy: WatchPolicy = WatchPolicy.rollback
+    command: str = "/opt/ddtree-deploy/bin/ddtree-deploy"  # the tool, installed on the host
+    # node_exporter's textfile collector folder (`--collector.textfile.directory`); each
+    # validation also writes `ddtree_<host>.prom` there. None: the state folder's copy only.
+    textfile_dir: str | None = None
+
+
 # Actions a fleet runs on each of its hosts (the others act on one host or none).
-FLEET_ACTIONS = ("plan", "deploy", "status", "rollback", "validate", "audit", "tune")
+FLEET_ACTIONS = (
+    "plan",
+    "deploy",
+    "status",
+    "rollback",
+    "validate",
+    "audit",
+    "tune",
+    "revalidate",
+)
 
 ACTIONS = (
     "plan",
@@ -341,6 +377,7 @@ ACTIONS = (
     "validate",
     "port",
     "tune",
+    "revalidate",
 )
 
 
@@ -360,6 +397,7 @@ class DeployConfig:
     rollback: RollbackConfig = field(default_factory=RollbackConfig)
     port: PortConfig = field(default_factory=PortConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
     fleet: FleetConfig | None = None  # fleet=<name>: the action runs on each of its hosts
     action: str = "plan"
     output: Output = Output.table
@@ -380,6 +418,7 @@ def register_configs() -> None:
         ("validation", ValidationConfig),
         ("rollout", RolloutConfig),
         ("tune", TuneConfig),
+        ("watch", WatchConfig),
         ("fleet", FleetConfig),
     ):
         store.store(group=group, name=f"base_{group}", node=node)

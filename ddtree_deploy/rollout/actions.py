@@ -6,12 +6,12 @@ print nothing themselves; they emit events.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.config.schema import DeployConfig, Output
 from ddtree_deploy.errors import ConfigError, DeployError
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
@@ -30,8 +30,12 @@ from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sgla
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status, installed_patch_step
 from ddtree_deploy.rollout.tune import tune
-from ddtree_deploy.rollout.validation_flow import deploy_validated, validate_running
-from ddtree_deploy.rollout.watch_record import record_validated
+from ddtree_deploy.rollout.validation_flow import (
+    ValidationFailed,
+    deploy_validated,
+    validate_running,
+)
+from ddtree_deploy.rollout.watch_record import metrics_text, note_validation, record_validated
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
 from ddtree_deploy.service.secret import load_api_key
@@ -67,6 +71,7 @@ class ActionOutcome:
     validation: ValidationRecord | None = None  # the gates' record (action=deploy)
     audit: AuditReport | None = None  # action=audit; the CLI writes its report files
     port: PortReport | None = None  # action=port; the CLI writes the candidate and reports
+    metrics: str | None = None  # action=status output=prometheus: the text exposition
     # What the host serves after deploy or rollback: its current generation and what it runs.
     generation: int | None = None
     serving: str | None = None
@@ -129,9 +134,11 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
     """Run the deploy pipeline on the configured host, through the validation gates."""
     record = ValidationRecord(cfg.host.name, algo_summary(cfg))
     with connect(cfg.host) as host, _locked(cfg, host):
-        outcome = deploy_validated(cfg, host, record)
+        with _noted_on_failure(cfg, host):
+            outcome = deploy_validated(cfg, host, record)
         if record.decision == Decision.promote.value:
             record_validated(cfg, host, outcome.preflight.facts)
+            note_validation(cfg, host, record, failed=False)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     where = f"generation {outcome.generation}" if outcome.generation else "no generation"
     return ActionOutcome(
@@ -156,8 +163,10 @@ def validate_action(cfg: DeployConfig) -> ActionOutcome:
     record = ValidationRecord(cfg.host.name, algo_summary(cfg))
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
-        validate_running(cfg, host, record)
+        with _noted_on_failure(cfg, host):
+            validate_running(cfg, host, record)
         record_validated(cfg, host, report.facts)
+        note_validation(cfg, host, record, failed=False)
     return ActionOutcome(summary=record.sentence, validation=record)
 
 
@@ -202,10 +211,27 @@ def rollback_action(cfg: DeployConfig) -> ActionOutcome:
 
 
 def status_action(cfg: DeployConfig) -> ActionOutcome:
-    """Report the host's generation, algorithm, unit state, patch set, kernels and drift."""
+    """Report the host's generation, algorithm, unit state, patch set, kernels and drift
+    (`output=prometheus`: as the metrics of its validations, drift measured now)."""
     with connect(cfg.host) as host:
         status = host_status(cfg, host)
-    return ActionOutcome(exit_code=1 if status.drift else 0, status=status)
+        metrics = None
+        if cfg.output is Output.prometheus:
+            metrics = metrics_text(cfg, host, len(status.fingerprint_drift))
+    return ActionOutcome(exit_code=1 if status.drift else 0, status=status, metrics=metrics)
+
+
+@contextmanager
+def _noted_on_failure(cfg: DeployConfig, host: ShellHost) -> Iterator[None]:
+    """A validation that fails inside the block still counts in the host's metrics."""
+    try:
+        yield
+    except ValidationFailed as failed:
+        try:
+            note_validation(cfg, host, failed.record, failed=True)
+        except DeployError as err:  # the failure itself is what the operator must read
+            emit("watch.metrics_failed", error=str(err))
+        raise
 
 
 def _service_step_plans(cfg: DeployConfig, host: ShellHost) -> list[PlannedStep]:

@@ -1,8 +1,10 @@
-"""What a passed validation leaves for the watch: the fingerprint of what it proved.
+"""What each validation leaves for the watch: the fingerprint of what a passed one proved, and
+the Prometheus metrics of every one.
 
-`action=deploy` (once its gates promote a generation), `action=validate` and the re-validation
-timer call `record_validated`; `action=status` calls `fingerprint_drift`. Both run under the
-caller's connection and, for writers, the host's lock.
+`action=deploy` (once its gates ran), `action=validate` and `action=revalidate` call
+`record_validated` after a pass and `note_validation` after every run; `action=status` calls
+`fingerprint_drift` and `metrics_text`. Writers run under the caller's connection and the host's
+lock.
 """
 
 from __future__ import annotations
@@ -10,13 +12,17 @@ from __future__ import annotations
 import time
 from pathlib import PurePosixPath
 
-from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.config.schema import Algo, DeployConfig
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.preflight import sglang_python
+from ddtree_deploy.validate.record import ValidationRecord
 from ddtree_deploy.watch.fingerprint import RecordedFingerprint, drift, read_fingerprint
+from ddtree_deploy.watch.metrics import exposition, families, fold
+
+METRICS_FILE = "metrics.prom"  # in host.state_dir: what `status output=prometheus` reads
 
 
 def record_validated(cfg: DeployConfig, host: ShellHost, facts: HostFacts) -> RecordedFingerprint:
@@ -42,3 +48,47 @@ def fingerprint_drift(cfg: DeployConfig, host: ShellHost, facts: HostFacts) -> l
         return []
     now = read_fingerprint(cfg, host, facts, sglang_python(cfg))
     return drift(recorded.parts, now)
+
+
+def note_validation(
+    cfg: DeployConfig,
+    host: ShellHost,
+    record: ValidationRecord,
+    *,
+    failed: bool,
+    drift_parts: int = 0,
+) -> str:
+    """Fold one validation into the state's metrics and write them out; returns the text.
+
+    Written to `host.state_dir/metrics.prom` and, with `watch.textfile_dir`, to
+    `ddtree_<host>.prom` there: each through a temp file renamed over it (the collector reads
+    only `*.prom` files, so it never sees half a file)."""
+    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    state = generations.state()
+    tree = (
+        {"budget": cfg.algo.budget, "topk": cfg.algo.topk}
+        if cfg.algo.name is Algo.DDTREE and state.get("algo") == Algo.DDTREE.value
+        else None
+    )
+    state["watch"] = fold(
+        state.get("watch"),
+        record.to_dict(),
+        failed=failed,
+        rolled_back=record.rolled_back_to is not None,
+        drift=drift_parts,
+        tree=tree,
+    )
+    generations.store.save(state)
+    text = exposition(cfg.host.name, families(state))
+    host.write_atomic(generations.store.root / METRICS_FILE, text, mode=0o644, sudo=True)
+    if cfg.watch.textfile_dir:
+        target = PurePosixPath(cfg.watch.textfile_dir) / f"ddtree_{cfg.host.name}.prom"
+        host.write_atomic(target, text, mode=0o644, sudo=True)
+    emit("watch.metrics", failed=failed, counters=state["watch"]["counters"])
+    return text
+
+
+def metrics_text(cfg: DeployConfig, host: ShellHost, drift_parts: int) -> str:
+    """The host's metrics as its state holds them, with the drift just measured."""
+    state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
+    return exposition(cfg.host.name, families(state, drift=drift_parts))
