@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ddtree_deploy.config import DeployConfig, Output, compose_config, group_options
 from ddtree_deploy.config.schema import OnFailure
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.config.stored import load_stored_config
+from ddtree_deploy.errors import ConfigError, DeployError
 from ddtree_deploy.events import JsonLinesSink, bound_emit, emit, sink_installed
 from ddtree_deploy.fleet import (
     ActionDriver,
@@ -52,8 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     root_logger = logging.getLogger()
     root_logger.addHandler(logging.NullHandler())
     try:
-        fleet_args = fleet_level(args)  # a fleet's hosts are composed (and checked) one by one
-        cfg = compose_config(args if fleet_args is None else fleet_args)
+        stored, args = _stored_argument(args)
+        if stored is not None:  # the watch timer's run on the host (docs/watch.md)
+            cfg = load_stored_config(stored, args)
+        else:
+            fleet_args = fleet_level(args)  # a fleet's hosts are composed and checked one by one
+            cfg = compose_config(args if fleet_args is None else fleet_args)
         run_dir = _run_dir(cfg)
         log_handler = logging.FileHandler(run_dir / "debug.log")
         log_handler.setFormatter(
@@ -78,6 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.stderr.print("interrupted", style="red")
         return 130
+
+
+def _stored_argument(args: list[str]) -> tuple[Path | None, list[str]]:
+    """`--from FILE`: the configuration a deploy stored for the watch timer, and the rest."""
+    if "--from" not in args:
+        return None, args
+    at = args.index("--from")
+    if at + 1 >= len(args):
+        raise ConfigError("--from needs the stored configuration's path after it.")
+    return Path(args[at + 1]), args[:at] + args[at + 2 :]
 
 
 def entrypoint() -> None:

@@ -351,16 +351,7 @@ class WatchConfig:
 
 
 # Actions a fleet runs on each of its hosts (the others act on one host or none).
-FLEET_ACTIONS = (
-    "plan",
-    "deploy",
-    "status",
-    "rollback",
-    "validate",
-    "audit",
-    "tune",
-    "revalidate",
-)
+FLEET_ACTIONS = ("plan", "deploy", "status", "rollback", "validate", "audit", "tune")
 
 ACTIONS = (
     "plan",

@@ -27,6 +27,7 @@ ACTION_SUMMARIES = {
     "validate": "run the gates against the service as it runs now",
     "port": "port the nearest reviewed set to sglang.version=X (no host)",
     "tune": "sweep tune.budgets x tune.topks live; promote the fastest",
+    "revalidate": "the watch timer's run: gates on a sample, then watch.policy",
 }
 
 _HEAD = """\
@@ -35,9 +36,7 @@ Puts DDTree speculative decoding onto SGLang GPU hosts. Arguments are Hydra
 overrides: GROUP=OPTION picks conf/GROUP/OPTION.yaml, KEY=VALUE sets one key.
 """
 
-_TAIL = """\
-Docs: README.md and docs/ in the source (docs/configuration.md: every key and
-its default; docs/troubleshooting.md: every exit code and what to do)."""
+_TAIL = "Docs: docs/configuration.md: every key; docs/troubleshooting.md: exit codes."
 
 
 def usage_text(groups: Sequence[GroupOptions]) -> str:

@@ -27,6 +27,7 @@ from ddtree_deploy.patching.port import PortRefused, PortReport, port_patch_set
 from ddtree_deploy.patching.step import PatchStep, locate_site_packages
 from ddtree_deploy.rollout.pipeline import kernels_step, preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
+from ddtree_deploy.rollout.revalidate import revalidate
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import HostStatus, host_status, installed_patch_step
 from ddtree_deploy.rollout.tune import tune
@@ -35,6 +36,7 @@ from ddtree_deploy.rollout.validation_flow import (
     deploy_validated,
     validate_running,
 )
+from ddtree_deploy.rollout.watch_install import install_watch
 from ddtree_deploy.rollout.watch_record import metrics_text, note_validation, record_validated
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
@@ -139,6 +141,9 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
         if record.decision == Decision.promote.value:
             record_validated(cfg, host, outcome.preflight.facts)
             note_validation(cfg, host, record, failed=False)
+            watched = install_watch(cfg, host)
+            if watched is not None:
+                record.notes.append(watched)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     where = f"generation {outcome.generation}" if outcome.generation else "no generation"
     return ActionOutcome(
@@ -221,14 +226,34 @@ def status_action(cfg: DeployConfig) -> ActionOutcome:
     return ActionOutcome(exit_code=1 if status.drift else 0, status=status, metrics=metrics)
 
 
+def revalidate_action(cfg: DeployConfig) -> ActionOutcome:
+    """The watch timer's run: re-validate the running service, `watch.policy` on a failure."""
+    if not cfg.host.systemd:
+        raise ConfigError(
+            f"action=revalidate watches a service this tool manages, and {cfg.host.name} has "
+            "none (host.systemd=false); use action=validate there."
+        )
+    record = ValidationRecord(cfg.host.name, f"re-validation: {algo_summary(cfg)}")
+    changed: list[str] = []
+    with connect(cfg.host) as host, _locked(cfg, host):
+        report = preflight(cfg, host)
+        with _noted_on_failure(cfg, host, changed):
+            revalidate(cfg, host, record, report.facts, changed)
+        note_validation(cfg, host, record, failed=False)
+    return ActionOutcome(summary=record.sentence, validation=record)
+
+
 @contextmanager
-def _noted_on_failure(cfg: DeployConfig, host: ShellHost) -> Iterator[None]:
-    """A validation that fails inside the block still counts in the host's metrics."""
+def _noted_on_failure(
+    cfg: DeployConfig, host: ShellHost, changed: list[str] | None = None
+) -> Iterator[None]:
+    """A validation that fails inside the block still counts in the host's metrics
+    (`changed`: the fingerprint parts found drifted by then)."""
     try:
         yield
     except ValidationFailed as failed:
         try:
-            note_validation(cfg, host, failed.record, failed=True)
+            note_validation(cfg, host, failed.record, failed=True, drift_parts=len(changed or []))
         except DeployError as err:  # the failure itself is what the operator must read
             emit("watch.metrics_failed", error=str(err))
         raise
@@ -346,4 +371,5 @@ HANDLERS: dict[str, Callable[[DeployConfig], ActionOutcome]] = {
     "validate": validate_action,
     "port": port_action,
     "tune": tune_action,
+    "revalidate": revalidate_action,
 }

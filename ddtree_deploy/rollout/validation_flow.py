@@ -340,7 +340,7 @@ def measure_baseline(
         )
         boundary("validate.baseline")
         return baseline
-    found = _stored_baseline(cfg, host, generations)
+    found = stored_baseline(cfg, host, generations)
     if found is not None:
         number, stored = found
         record.notes.append(f"Baseline reused from generation {number} (stored earlier).")
@@ -354,7 +354,7 @@ def measure_baseline(
     raise ValidationFailed(sentence, record)
 
 
-def _stored_baseline(
+def stored_baseline(
     cfg: DeployConfig, host: ShellHost, generations: GenerationStore
 ) -> tuple[int, Measurement] | None:
     """The newest baseline of this prompt set that a linear-DFlash generation stored.
@@ -389,7 +389,7 @@ def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
     if cfg.algo.name is Algo.DFLASH:
         phase, judge = "baseline", _record_baseline
     else:
-        found = _stored_baseline(cfg, host, generations)
+        found = stored_baseline(cfg, host, generations)
         if found is None:
             sentence = (
                 f"{cfg.host.name} has no stored linear-DFlash baseline for this prompt set; "

@@ -75,6 +75,11 @@ class RenderedService:
         return sha256_text(self.env_text)
 
 
+def render_template(name: str, values: dict[str, object]) -> str:
+    """Any template of `templates/` with `values` (already quoted for where they land)."""
+    return _TEMPLATES.get_template(name).render(**values)
+
+
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 

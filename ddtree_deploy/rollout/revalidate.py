@@ -1,0 +1,270 @@
+"""`action=revalidate`: the watch timer's run against the service as it runs now.
+
+Routine (the fingerprint of what was validated is unchanged): the polled gates, then the prompt
+sample (`watch.prompt_sample` first prompts of the set) through the deployed mode's gate (the
+tie rule on the tree's tokens by the target's own scores, tokens/s against the linear-DFlash
+baseline stored at deploy) and an acceptance gate against the acceptance the deploy recorded
+for those prompts. Nothing restarts when all holds. On a failure `watch.policy` decides:
+`rollback` (to linear DFlash, proven healthy, as a failed deploy does), `alert` (nothing
+changes; exit 13 with the sentence in the journal, the metrics say failed) or `pause` (as
+alert, and the timer stops until a deploy or the operator starts it; exit 11).
+
+Changed fingerprint (a driver, CUDA, torch, SGLang file, model, drafter or kernels change since
+the last passed validation): the deploy's proof no longer holds, and its baseline was measured
+on what changed, so the run re-validates in full as a deploy does: back to linear DFlash, a
+fresh baseline, shadow-linear, tree, promote (a failure leaves linear DFlash serving, whatever
+the policy), and records the new fingerprint when it passes.
+
+A host that serves linear DFlash (the deploy was algo=dflash, or a rollback happened) gets the
+polled gates only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import PurePosixPath
+from typing import Any
+
+from ddtree_deploy.config.schema import Algo, DeployConfig, PromptConfig, TreeMode, WatchPolicy
+from ddtree_deploy.events import emit
+from ddtree_deploy.hosts.connection import ShellHost
+from ddtree_deploy.hosts.facts import HostFacts
+from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.pipeline import GateContext
+from ddtree_deploy.rollout.preflight import sglang_python
+from ddtree_deploy.rollout.rollback import rollback
+from ddtree_deploy.rollout.validation_flow import (
+    GateFailed,
+    ValidationFailed,
+    deploy_validated,
+    roll_back_after_failure,
+    shadow_judge,
+    stored_baseline,
+    tree_judge,
+)
+from ddtree_deploy.rollout.watch_record import record_validated
+from ddtree_deploy.service.render import algo_summary, render_service
+from ddtree_deploy.service.secret import Secret, load_api_key
+from ddtree_deploy.validate.gates import Decision, GateResult, Outcome, decide, deciding_gate
+from ddtree_deploy.validate.measure import Measurement
+from ddtree_deploy.validate.probes import Expected, ServiceProbe
+from ddtree_deploy.validate.record import ValidationRecord
+from ddtree_deploy.watch.fingerprint import RecordedFingerprint, drift, read_fingerprint
+from ddtree_deploy.watch.timer import watch_name
+
+
+class WatchAlert(ValidationFailed):
+    """A re-validation failed under watch.policy=alert: reported, nothing changed."""
+
+    exit_code = 13
+
+
+class WatchPaused(ValidationFailed):
+    """A re-validation failed under watch.policy=pause: reported, the timer stopped."""
+
+    exit_code = 11
+
+
+def revalidate(
+    cfg: DeployConfig,
+    host: ShellHost,
+    record: ValidationRecord,
+    facts: HostFacts,
+    changed: list[str],
+) -> None:
+    """Re-validate the host (routine or full, see the module); `changed` receives the drifted
+    fingerprint parts. Raises `ValidationFailed` (or the policy's subclass) on a failure."""
+    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    state = generations.state()
+    recorded = RecordedFingerprint.from_state(state)
+    now = read_fingerprint(cfg, host, facts, sglang_python(cfg))
+    changed += drift(recorded.parts, now) if recorded else ["no fingerprint was recorded"]
+    api_key = load_api_key(cfg.service)
+    if state.get("algo") != Algo.DDTREE.value or cfg.algo.name is Algo.DFLASH:
+        _check_linear(cfg, host, api_key, record, state["generation"])
+        return
+    if changed:
+        record.notes.append(
+            "The fingerprint changed since the last passed validation ("
+            + "; ".join(changed)
+            + "); re-validating in full: linear DFlash, shadow-linear, tree."
+        )
+        emit("watch.full", changed=changed)
+        rollback(cfg, host, to_linear=True)
+        deploy_validated(cfg, host, record)
+        record_validated(cfg, host, facts)
+        return
+    results = _routine(cfg, host, api_key, generations, record)
+    stopper = deciding_gate(results)
+    if decide(results, cfg.validation.on_inconclusive) is not Decision.promote and stopper:
+        sentence = (
+            f"Re-validation gate {stopper.gate} {stopper.outcome.value} on {cfg.host.name} "
+            f"({algo_summary(cfg)}): {stopper.sentence}"
+        )
+        raise _on_failure(cfg, host, api_key, record, sentence)
+    sample = len(_sample(cfg))
+    record.decide(
+        "passed",
+        f"{cfg.host.name} still passes every gate for {algo_summary(cfg)} on {sample} "
+        "prompt(s); nothing was restarted.",
+    )
+
+
+def _sample(cfg: DeployConfig) -> list[PromptConfig]:
+    """The prompts a routine run sends: the first `watch.prompt_sample` of the set."""
+    return list(cfg.validation.prompts[: max(1, cfg.watch.prompt_sample)])
+
+
+def _routine(
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    generations: GenerationStore,
+    record: ValidationRecord,
+) -> list[GateResult]:
+    """The polled gates, then the sample through the mode's gate and the acceptance gate."""
+    number = generations.state()["generation"]
+    sample = _sample(cfg)
+    sample_cfg = dataclasses.replace(
+        cfg, validation=dataclasses.replace(cfg.validation, prompts=sample)
+    )
+    probe = ServiceProbe(sample_cfg, host, api_key)
+    results = probe.first_gates(Expected.of(sample_cfg))
+    measurement = None
+    found = stored_baseline(cfg, host, generations)
+    if found is None:
+        results.append(
+            GateResult(
+                "baseline",
+                Outcome.inconclusive,
+                f"{cfg.host.name} has no stored linear-DFlash baseline for this prompt set; "
+                "deploy algo=dflash, then algo=ddtree again.",
+            )
+        )
+    elif all(r.outcome is Outcome.passed for r in results):
+        names = {p.name for p in sample}
+        baseline = _subset(found[1], names)
+        shadow = cfg.algo.mode is TreeMode.shadow_linear
+        judge = shadow_judge(baseline) if shadow else tree_judge(baseline)
+        ctx = GateContext(sample_cfg, host, number or 0, render_service(cfg, api_key), api_key)
+        judged, measurement = judge(probe, ctx)
+        recorded = _recorded_acceptance(cfg, host, number, names)
+        if recorded is not None and measurement is not None:
+            results.append(_acceptance_gate(cfg, recorded, measurement))
+        results += judged
+    record.add("revalidate", algo_summary(cfg), number, results, measurement)
+    for result in results:
+        emit("validate.gate", phase="revalidate", **result.to_dict())
+    return results
+
+
+def _subset(measurement: Measurement, names: set[str]) -> Measurement:
+    """The prompts of `names` from a stored measurement (its time scaled to what they took)."""
+    kept = tuple(r for r in measurement.results if r.name in names)
+    elapsed = None
+    if measurement.elapsed_s is not None and measurement.results:
+        share = sum(r.wall_s for r in kept) / max(sum(r.wall_s for r in measurement.results), 1e-9)
+        elapsed = measurement.elapsed_s * share
+    return Measurement(measurement.label, kept, elapsed)
+
+
+def _recorded_acceptance(
+    cfg: DeployConfig, host: ShellHost, number: int | None, names: set[str]
+) -> float | None:
+    """The acceptance the promoting validation measured on `names` (tokens per verify step),
+    from the generation's `validation.json`; None where it recorded none."""
+    path = PurePosixPath(cfg.host.state_dir) / "generations" / str(number) / "validation.json"
+    text = host.read_text(path, sudo=True)
+    if text is None:
+        return None
+    phase = "shadow_linear" if cfg.algo.mode is TreeMode.shadow_linear else "tree"
+    data: dict[str, Any] = json.loads(text)
+    for entry in data.get("phases", []):
+        rows = [
+            row
+            for row in ((entry.get("measurement") or {}).get("per_prompt") or [])
+            if row["name"] in names and row.get("accept_length")
+        ]
+        if entry["name"] == phase and rows:
+            tokens = float(sum(row["tokens"] for row in rows))
+            steps = sum(float(row["tokens"]) / float(row["accept_length"]) for row in rows)
+            return tokens / steps
+    return None
+
+
+def _acceptance_gate(cfg: DeployConfig, recorded: float, now: Measurement) -> GateResult:
+    """Acceptance must stay above `validation.collapse_ratio` of what the deploy recorded: a
+    collapse (the draft no longer sees the target's hidden states) changes no token."""
+    accept = now.mean_accept_length
+    floor = cfg.validation.collapse_ratio
+    figures = {"accept_length": accept, "recorded_accept_length": round(recorded, 4)}
+    if accept is None:
+        return GateResult(
+            "acceptance", Outcome.inconclusive, "The server reported no acceptance.", figures
+        )
+    ratio = accept / recorded
+    figures["ratio"] = round(ratio, 4)
+    said = f"Acceptance is {accept:.2f} tokens per step, {ratio:.2f} x the {recorded:.2f} recorded"
+    if ratio < floor:
+        return GateResult(
+            "acceptance",
+            Outcome.failed,
+            f"{said} when it was validated, below validation.collapse_ratio={floor:g}: "
+            "acceptance collapsed.",
+            figures,
+        )
+    return GateResult("acceptance", Outcome.passed, f"{said} when it was validated.", figures)
+
+
+def _check_linear(
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    record: ValidationRecord,
+    number: int | None,
+) -> None:
+    """A host serving linear DFlash: its polled gates; a failure is reported (no rollback
+    target is left below linear DFlash)."""
+    linear = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
+    results = ServiceProbe(linear, host, api_key).first_gates(Expected.of(linear))
+    record.add("revalidate", algo_summary(linear), number, results)
+    stopper = deciding_gate(results)
+    if stopper is not None and stopper.outcome is not Outcome.passed:
+        sentence = f"Linear DFlash fails gate {stopper.gate} on {cfg.host.name}: {stopper.sentence}"
+        record.decide("failed", sentence)
+        raise WatchAlert(sentence, record)
+    record.decide("passed", f"{cfg.host.name} serves linear DFlash and passes its health gates.")
+
+
+def _on_failure(
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    record: ValidationRecord,
+    sentence: str,
+) -> ValidationFailed:
+    """What `watch.policy` does after a failed routine re-validation; the error to raise."""
+    policy = cfg.watch.policy
+    GenerationStore(host, PurePosixPath(cfg.host.state_dir)).journal(
+        "watch.failed", policy=policy.value, sentence=sentence
+    )
+    emit("watch.failed", policy=policy.value, sentence=sentence)
+    if policy is WatchPolicy.rollback:
+        return roll_back_after_failure(cfg, host, api_key, record, sentence, GateFailed(sentence))
+    if policy is WatchPolicy.pause:
+        timer = f"{watch_name(cfg)}.timer"
+        host.run(["systemctl", "stop", "--", timer], sudo=True, check=False)
+        record.decide(
+            Decision.pause,
+            f"{sentence} Nothing was changed and {timer} is stopped (watch.policy=pause).",
+        )
+        return WatchPaused(
+            record.sentence,
+            record,
+            hint=f"Investigate, then deploy again or run `systemctl start {timer}`.",
+        )
+    record.decide("failed", f"{sentence} Nothing was changed (watch.policy=alert).")
+    return WatchAlert(
+        record.sentence, record, hint="Investigate, then deploy again or run action=rollback."
+    )
