@@ -103,6 +103,8 @@ def status_table(status: HostStatus) -> None:
         *((f"  {state}", path) for path, state in status.patch_files),
         ("kernels", status.kernels),
         ("drift", "; ".join(status.drift) or "none"),
+        ("last validation", status.last_verdict or "none recorded"),
+        ("acceptance", _acceptance(status)),
         ("lock", f"held by {status.locked_by}" if status.locked_by else "free"),
     ]
     console.print_table(f"status: {status.host}", ("what", "value"), rows)
@@ -191,12 +193,16 @@ def fleet_recap(recap: dict[str, Any]) -> None:
         console.print_line(recap["halted"], style="red")
 
 
+def _acceptance(status: HostStatus) -> str:
+    return "-" if status.acceptance is None else f"{status.acceptance:.2f}"
+
+
 def fleet_status_table(fleet: str, rows: Sequence[tuple[str, HostStatus | None, str, str]]) -> None:
     """`action=status` over a fleet in one table; a line below says why a host has none."""
     cells = []
     for name, status, verdict, _ in rows:
         if status is None:
-            cells.append((name, "-", "-", verdict, "-", "-", "-", "-"))
+            cells.append((name, "-", "-", verdict, "-", "-", "-", "-", "-", "-"))
             continue
         cells.append(
             (
@@ -206,11 +212,16 @@ def fleet_status_table(fleet: str, rows: Sequence[tuple[str, HostStatus | None, 
                 f"{status.unit_state}, {status.enabled}",
                 status.patch_set,
                 status.kernels,
+                status.last_verdict or "-",
+                _acceptance(status),
                 "; ".join(status.drift) or "none",
                 f"held by {status.locked_by}" if status.locked_by else "free",
             )
         )
-    columns = ("host", "gen", "algorithm", "unit", "patch set", "kernels", "drift", "lock")
+    columns = (
+        "host", "gen", "algorithm", "unit", "patch set", "kernels",
+        "last validation", "accept", "drift", "lock",
+    )  # fmt: skip
     console.print_table(f"status: fleet {fleet}", columns, cells)
     for name, status, _, detail in rows:
         if status is None:

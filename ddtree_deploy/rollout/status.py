@@ -11,6 +11,7 @@ holds the rest. It reads the host only; it never changes it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -52,6 +53,10 @@ class HostStatus:
     locked_by: str | None  # the run holding the host's lock, if any
     # The parts of the last passed validation's fingerprint that changed since (also in drift).
     fingerprint_drift: tuple[str, ...] = ()
+    # The last validation's verdict and time ("passed 2026-12-07 04:00 UTC"), and the
+    # acceptance it measured (tokens per verify step); None before any (watch.metrics).
+    last_verdict: str | None = None
+    acceptance: float | None = None
 
 
 def installed_patch_step(cfg: DeployConfig, facts: HostFacts) -> PatchStep:
@@ -102,6 +107,8 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         drift=tuple(drift),
         locked_by=lock_holder(host, PurePosixPath(cfg.host.state_dir)),
         fingerprint_drift=tuple(changed_parts),
+        last_verdict=_last_verdict(state),
+        acceptance=(state.get("watch") or {}).get("figures", {}).get("acceptance_length"),
     )
     emit(
         "status",
@@ -114,6 +121,15 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         kernels=status.kernels,
     )
     return status
+
+
+def _last_verdict(state: dict[str, Any]) -> str | None:
+    """The last validation's verdict and when it ended, from the state's metrics."""
+    last = (state.get("watch") or {}).get("last")
+    if not last:
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(last["timestamp"])))
+    return f"{'passed' if last['passed'] else 'failed'} {when}"
 
 
 def _service_drift(
