@@ -45,10 +45,11 @@ def load_stored_config(path: Path, overrides: Sequence[str] = ()) -> DeployConfi
         )
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        first = str(err).strip().splitlines()[0]
+        first = (getattr(err, "msg", None) or str(err)).strip().splitlines()[0]
+        where = f" at {err.full_key}" if getattr(err, "full_key", None) else ""
         raise ConfigError(
-            f"The stored configuration {path} does not fit this ddtree-deploy ({first}); run the "
-            "deploy that writes it again with this version."
+            f"The stored configuration {path} does not fit this ddtree-deploy{where} ({first}); "
+            "run the deploy that writes it again with this version."
         ) from err
     bare = [o for o in overrides if "=" not in o]
     if bare:

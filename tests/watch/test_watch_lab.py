@@ -1,0 +1,195 @@
+"""The re-validation timer on a systemd container that runs the stand-in as its SGLang unit.
+
+The stand-in (TEST DOUBLE: real SGLang cannot serve on a CPU, see tests/standin/server.py) is
+deployed through the real gates from this machine over SSH; the timer and its oneshot service
+run ddtree-deploy inside the container, from this checkout's venv bound in read-only (the
+"installed on the host" of docs/watch.md). Regressions are planted as an operator's change
+would arrive: a systemd drop-in that sets the stand-in's STANDIN_FAULT, then a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+from hostlab import ensure_rootfs
+from hostlab.nspawn import boot_container
+from standin.lab import MODEL_DIR, binds
+from validate.conftest import StandinLab, key_file
+
+from ddtree_deploy.cli import main
+from ddtree_deploy.hosts.lock import host_lock
+from ddtree_deploy.hosts.ssh import SshHost
+from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.service import systemd
+
+pytestmark = pytest.mark.nspawn
+
+REPO = Path(__file__).resolve().parents[2]
+COMMAND = str(Path(sys.executable).parent / "ddtree-deploy")  # this checkout's, bound in
+
+
+@pytest.fixture(scope="module")
+def watch_lab(standin_root: tuple[Path, Path]) -> Iterator[StandinLab]:
+    """A stand-in container that also holds this checkout and its venv (read-only)."""
+    root, source = standin_root
+    venv = Path(sys.prefix)
+    own = [REPO, venv, Path(sys.base_prefix)]
+    shared = [Path(p.read_text().strip()) for p in venv.glob("lib/python*/site-packages/*.pth")
+              if p.read_text().strip().startswith("/") and Path(p.read_text().strip()).is_dir()]  # fmt: skip
+    wanted = [*(p for p in binds(root, source) if p != root), *own, *shared]
+    read_only = [p for p in dict.fromkeys(wanted) if not any(q in p.parents for q in wanted)]
+    container = boot_container(ensure_rootfs(), binds_ro=read_only, overlays=[root])
+    try:
+        lab = StandinLab(container.host, root / "venv")
+        from standin.models import model_configs
+
+        with lab.connect() as host:
+            for relative, text in model_configs().items():
+                host.write_atomic(PurePosixPath(MODEL_DIR) / relative, text)
+        yield lab
+    finally:
+        container.stop()
+
+
+def _deploy(lab: StandinLab, name: str, tmp: Path, port: int, *extra: str) -> int:
+    watch = [f"watch.command={COMMAND}", "watch.accuracy=1s"]
+    return main([*lab.overrides(name, tmp, key_file(tmp), port), *watch, "action=deploy", *extra])
+
+
+def _state(host: SshHost, name: str) -> dict[str, Any]:
+    return GenerationStore(host, PurePosixPath(f"/var/lib/ddtree-test/{name}")).state()
+
+
+def _counters(host: SshHost, name: str) -> dict[str, int]:
+    counters: dict[str, int] = _state(host, name)["watch"]["counters"]
+    return counters
+
+
+def _plant(host: SshHost, name: str, fault: str | None) -> None:
+    """Set (or clear) the stand-in's fault through a drop-in, and restart the unit."""
+    dropin = PurePosixPath(f"/etc/systemd/system/{name}.service.d/fault.conf")
+    if fault is None:
+        host.run(["rm", "-f", "--", str(dropin)])
+    else:
+        host.write_atomic(dropin, f"[Service]\nEnvironment=STANDIN_FAULT={fault}\n")
+    systemd.daemon_reload(host)
+    # The run's polled gates wait for /health, as they do after a deploy's restart.
+    host.run(["systemctl", "restart", "--", f"{name}.service"])
+
+
+def _watch_run(host: SshHost, name: str) -> tuple[int, str]:
+    """Run the timer's service now (`systemctl start` waits for a oneshot); (exit, journal)."""
+    unit = f"ddtree-watch-{name}.service"
+    since = host.run(["date", "+%Y-%m-%d %H:%M:%S"]).stdout.strip()
+    host.run(["systemctl", "start", "--", unit], check=False, timeout_s=900)
+    status = systemd.unit_state(host, unit).exec_main_status
+    journal = host.run(
+        ["journalctl", "-u", unit, "--since", since, "--no-pager", "-o", "cat"], check=False
+    ).stdout
+    return status, journal
+
+
+def test_timer_fires_on_schedule_and_rolls_back_an_acceptance_collapse(
+    watch_lab: StandinLab, tmp_path: Path
+) -> None:
+    name = "watch-rollback"
+    assert _deploy(watch_lab, name, tmp_path, 31301, "algo=dflash") == 0
+    extra = ["watch.interval=4s", "watch.policy=rollback"]
+    assert _deploy(watch_lab, name, tmp_path, 31301, "algo=ddtree", *extra) == 0
+    with watch_lab.connect() as host:
+        assert systemd.unit_state(host, f"ddtree-watch-{name}.timer").active_state == "active"
+        pid = systemd.unit_state(host, f"{name}.service").main_pid
+        deployed = _counters(host, name)["runs"]
+        deadline = time.monotonic() + 240
+        while _counters(host, name)["runs"] < deployed + 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _counters(host, name)["runs"] >= deployed + 2, "the timer did not fire twice"
+        assert _counters(host, name)["failures"] == 0
+        assert systemd.unit_state(host, f"{name}.service").main_pid == pid  # nothing restarted
+        journal = host.run(
+            ["journalctl", "-u", f"ddtree-watch-{name}.service", "--no-pager"]
+        ).stdout
+        assert "still passes every gate" in journal
+
+        host.run(["systemctl", "stop", "--", f"ddtree-watch-{name}.timer"])
+        _plant(host, name, "acceptance_collapse")
+        status, journal = _watch_run(host, name)
+        assert status == 10, journal
+        assert "Re-validation gate acceptance failed" in journal
+        assert "acceptance collapsed" in journal
+        state = _state(host, name)
+        assert (state["algo"], state["watch"]["counters"]["rollbacks"]) == ("DFLASH", 1)
+        assert "which passed the health gates" in journal
+        _plant(host, name, None)
+
+
+def test_alert_only_reports_a_wrong_token_and_a_changed_fingerprint_revalidates_in_full(
+    watch_lab: StandinLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = "watch-alert"
+    assert _deploy(watch_lab, name, tmp_path, 31302, "algo=dflash") == 0
+    extra = ["watch.interval=1h", "watch.policy=alert"]
+    assert _deploy(watch_lab, name, tmp_path, 31302, "algo=ddtree", *extra) == 0
+    overrides = watch_lab.overrides(name, tmp_path, key_file(tmp_path), 31302)
+    with watch_lab.connect() as host:
+        _plant(host, name, "tree_divergence")
+        generation = _state(host, name)["generation"]
+        status, journal = _watch_run(host, name)
+        assert status == 13, journal
+        assert "Re-validation gate tree failed" in journal
+        assert "emitted a token the target does not choose" in journal
+        assert "Nothing was changed (watch.policy=alert)" in journal
+        state = _state(host, name)
+        assert (state["algo"], state["generation"]) == ("DDTREE", generation)
+        assert state["watch"]["counters"]["failures"] == 1
+        assert state["watch"]["counters"]["rollbacks"] == 0
+        _plant(host, name, None)
+
+        # A changed drafter config: status shows it; the next run re-validates in full.
+        config = PurePosixPath(MODEL_DIR) / "draft" / "config.json"
+        data = json.loads(host.read_text(config) or "{}")
+        host.write_atomic(config, json.dumps({**data, "_revision": "b"}, indent=1))
+        capsys.readouterr()
+        assert main([*overrides, "action=status"]) == 1
+        assert "drafter config.json" in capsys.readouterr().out
+        status, journal = _watch_run(host, name)
+        assert status == 0, journal
+        events = host.run(
+            ["sh", "-c", f"cat /var/lib/ddtree-test/{name}/watch/runs/*/events.jsonl"]
+        ).stdout
+        assert '"event": "watch.full"' in events
+        state = _state(host, name)
+        assert state["algo"] == "DDTREE"
+        assert state["generation"] == generation + 3  # rollback to linear, shadow, tree
+        assert main([*overrides, "action=status"]) == 0  # the new fingerprint is the proven one
+
+
+def test_a_run_never_starts_beside_a_deploy_or_another_run(
+    watch_lab: StandinLab, tmp_path: Path
+) -> None:
+    name = "watch-lock"
+    assert _deploy(watch_lab, name, tmp_path, 31303, "algo=dflash", "watch.interval=1h") == 0
+    with watch_lab.connect() as host:
+        runs = _counters(host, name)["runs"]
+        with host_lock(host, PurePosixPath(f"/var/lib/ddtree-test/{name}"), "deploy"):
+            status, journal = _watch_run(host, name)
+        assert status == 9, journal  # SuccessExitStatus: the unit did not fail
+        assert "deploy" in journal
+        assert systemd.unit_state(host, f"ddtree-watch-{name}.service").active_state != "failed"
+        assert _counters(host, name)["runs"] == runs
+        config = f"/var/lib/ddtree-test/{name}/watch/config.yaml"
+        # As the timer's service runs it: with the API key from the unit's env file.
+        env = shlex.quote(f"/etc/ddtree-deploy/{name}.env")
+        run = (
+            "set -a; . " + env + "; " + shlex.join([COMMAND, "--from", config, "action=revalidate"])
+        )
+        both = host.run(["sh", "-c", f"({run}) >/dev/null 2>&1 & a=$!; ({run}) >/dev/null 2>&1; b=$?; wait $a; echo $? $b"], timeout_s=600)  # fmt: skip
+        assert sorted(both.stdout.split()) == ["0", "9"]
+        assert _counters(host, name)["runs"] == runs + 1
