@@ -13,6 +13,7 @@ import time
 from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import Algo, DeployConfig
+from ddtree_deploy.errors import HostError
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts
@@ -41,12 +42,15 @@ def record_validated(cfg: DeployConfig, host: ShellHost, facts: HostFacts) -> Re
 
 def fingerprint_drift(cfg: DeployConfig, host: ShellHost, facts: HostFacts) -> list[str]:
     """How the host differs from the fingerprint its last passed validation recorded; nothing
-    (and no remote read) when none was recorded."""
+    (and no remote read) when none was recorded, one line when it cannot be read now."""
     state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
     recorded = RecordedFingerprint.from_state(state)
     if recorded is None:
         return []
-    now = read_fingerprint(cfg, host, facts, sglang_python(cfg))
+    try:
+        now = read_fingerprint(cfg, host, facts, sglang_python(cfg))
+    except HostError as err:  # a venv gone is drift too; status reports it, not fails
+        return [f"the fingerprint could not be read again: {err}"]
     return drift(recorded.parts, now)
 
 

@@ -98,3 +98,16 @@ def test_status_reads_no_fingerprint_where_no_validation_recorded_one(tmp_path: 
     assert not (tmp_path / "state" / "state.json").exists()
     events = (next((tmp_path / "runs").iterdir()) / "events.jsonl").read_text()
     assert "fingerprint.read" not in events
+
+
+def test_status_reports_a_fingerprint_it_cannot_read_again_as_drift(tmp_path: Path) -> None:
+    venv = require_staging_venv("0.5.11")
+    overrides = _overrides(tmp_path, venv)
+    cfg = compose_config(overrides)
+    with LocalHost() as host:
+        record_validated(cfg, host, probe_facts(host, sglang_python(cfg)))
+    gone = [*overrides, f"host.sglang_venv={tmp_path / 'removed-venv'}", "action=status"]
+    assert main(gone) == 1
+    assert [line.split(":")[0] for line in _status_event(tmp_path)["drift"]] == [
+        "the fingerprint could not be read again"
+    ]
