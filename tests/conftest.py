@@ -107,6 +107,8 @@ ONE_WORKER_FILES = (
     "tests/validate/test_tune.py",
     "tests/validate/test_validated_deploy.py",
     "tests/fleet/test_fleet_hosts.py",
+    # one container (its module fixture) for the timer tests, not one per worker
+    "tests/watch/test_watch_lab.py",
     # its module fixture builds the wheel in the checkout's build/: two workers raced there
     "tests/cli/test_packaging.py",
 )
