@@ -167,8 +167,22 @@ def test_alert_only_reports_a_wrong_token_and_a_changed_fingerprint_revalidates_
         assert '"event": "watch.full"' in events
         state = _state(host, name)
         assert state["algo"] == "DDTREE"
-        assert state["generation"] == generation + 3  # rollback to linear, shadow, tree
+        assert state["generation"] == generation + 2  # back to linear, then new shadow and tree
         assert main([*overrides, "action=status"]) == 0  # the new fingerprint is the proven one
+
+        # watch.policy=pause: reported, nothing changed, and the timer stops itself.
+        _plant(host, name, "tree_divergence")
+        timer = f"ddtree-watch-{name}.timer"
+        assert systemd.unit_state(host, timer).active_state == "active"
+        config = f"/var/lib/ddtree-test/{name}/watch/config.yaml"
+        env = shlex.quote(f"/etc/ddtree-deploy/{name}.env")
+        run = shlex.join([COMMAND, "--from", config, "action=revalidate", "watch.policy=pause"])
+        paused = host.run(["sh", "-c", f"set -a; . {env}; {run}"], check=False, timeout_s=600)
+        assert paused.exit_code == 11, paused.stderr
+        assert f"{timer} is stopped (watch.policy=pause)" in " ".join(paused.stderr.split())
+        assert systemd.unit_state(host, timer).active_state == "inactive"
+        assert _state(host, name)["algo"] == "DDTREE"
+        _plant(host, name, None)
 
 
 def test_a_run_never_starts_beside_a_deploy_or_another_run(
