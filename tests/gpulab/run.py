@@ -69,7 +69,7 @@ import httpx
 import yaml
 from decode_log import overhead_servers_steps
 from speed import pass_requests, timed_pass
-from tables import render_table, summarize
+from tables import SMALL, render_table, summarize
 from timeline import read_trace, summarize_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -689,7 +689,6 @@ def concurrency_overrides(level: int, prompts: int) -> list[str]:
 
 
 CONTROL = "dflash_control"  # --control's second DFLASH server
-SMALL = "small-"  # --small-beside: the trained pair's own servers (prefix of their names)
 
 
 @dataclass(frozen=True)
