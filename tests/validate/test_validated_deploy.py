@@ -141,6 +141,10 @@ def test_injected_fault_rolls_back_to_healthy_linear_dflash(
     state = host_state(standin_lab, faults_host)
     assert (state["algo"], state["in_progress"]) == ("DFLASH", None)
     assert unit_running(standin_lab, faults_host)
+    # The failure counts in the host's metrics (docs/watch.md), the rollback too.
+    assert state["watch"]["last"]["passed"] is False
+    assert state["watch"]["gates"][gate]["passed"] is False
+    assert state["watch"]["counters"]["rollbacks"] >= 1
 
 
 def test_acceptance_collapse_is_reported_as_missing_hidden_states(
