@@ -253,6 +253,12 @@ def _file_shape_error(found: re.Match[str]) -> ConfigError:
     """A config file whose value does not fit the schema's shape or type (Hydra's sentence for
     it is "ValidationError raised while composing config:" and nothing after the colon)."""
     where, key, why = f"{found['file']}.yaml", found["key"], found["why"].strip().rstrip(".")
+    group, _, rest = key.partition(".")
+    if group and rest.split(".")[0] == group:  # host.host: Hydra read no `# @package` header
+        return ConfigError(
+            f"A {group}/ file of yours put its keys under {group}.{group} ({why}): its "
+            "`# @package _global_` line must be the file's first line, above any other comment."
+        )
     if why.endswith("is not Optional"):
         why = "it is empty (null) and must hold a value"
     elif why.startswith("Cannot merge DictConfig with ListConfig"):

@@ -186,3 +186,14 @@ def test_hydra_full_error_shows_the_traceback_behind_the_sentence(
     assert "Traceback (most recent call last)" in err
     assert "Could not override 'algo.bugdet'" in err  # Hydra's own error, under ours
     assert err.rstrip().splitlines()[-1].startswith("error: Config key algo.bugdet does not exist")
+
+
+def test_host_file_whose_package_line_is_not_first_says_where_it_belongs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = "# my host\n" + HOST_HEADER + "host: {name: gpu7, sglang_venv: /v}\n"
+    sentence = _refused(capsys, _searchpath(tmp_path, {"host/gpu7.yaml": text}), "host=gpu7")
+    assert sentence.startswith("A host/ file of yours put its keys under host.host (")
+    assert sentence.endswith(
+        "its `# @package _global_` line must be the file's first line, above any other comment."
+    )
