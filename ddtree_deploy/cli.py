@@ -99,25 +99,25 @@ def entrypoint() -> None:
     sys.exit(main())
 
 
-# Hydra's application flags: `--cfg job` prints the composed config; the others have no
-# meaning here (runs are not Hydra jobs: no output dir, no multirun, no shell completion).
-_PRINT_CONFIG = (["--cfg", "job"], ["-c", "job"], ["--cfg=job"])
-
-
 def _without_flags(args: list[str]) -> tuple[list[str], bool]:
-    """The overrides without `--cfg job`, and whether it was given; any other flag is refused."""
-    for flag in _PRINT_CONFIG:
-        for i in range(len(args) - len(flag) + 1):
-            if args[i : i + len(flag)] == flag:
-                return _without_flags(args[:i] + args[i + len(flag) :])[0], True
-    for arg in args:
-        if arg.startswith("-"):
+    """The overrides without `--cfg job`, and whether it was given. Hydra's other application
+    flags are refused: a run is not a Hydra job (no output dir, no multirun, no completion)."""
+    overrides, print_config, rest = [], False, iter(args)
+    for arg in rest:
+        flag = arg
+        if arg in ("--cfg", "-c"):
+            flag = f"{arg} {next(rest, '')}".strip()
+        if flag in ("--cfg job", "-c job", "--cfg=job"):
+            print_config = True
+        elif flag.startswith("-"):
             raise ConfigError(
-                f"ddtree-deploy takes Hydra overrides (key=value), not Hydra's flag {arg}; "
+                f"ddtree-deploy takes Hydra overrides (key=value), not Hydra's flag {flag}; "
                 "of its flags only --cfg job (print the composed config) is kept, and several "
                 "hosts are one fleet= run, not a multirun."
             )
-    return args, False
+        else:
+            overrides.append(arg)
+    return overrides, print_config
 
 
 def _print_config(cfg: DeployConfig, members: list[FleetMember]) -> None:
@@ -125,8 +125,8 @@ def _print_config(cfg: DeployConfig, members: list[FleetMember]) -> None:
     config holds only where the key is read from); a fleet's hosts one after the other."""
     configs = [(m.name, m.cfg) for m in members] or [(cfg.host.name, cfg)]
     for name, host_cfg in configs:
-        if members:
-            console.print_line(f"# fleet {cfg.fleet.name if cfg.fleet else ''}, host {name}")
+        if cfg.fleet is not None:
+            console.print_line(f"# fleet {cfg.fleet.name}, host {name}")
         try:
             api_key = load_api_key(host_cfg.service)
         except ConfigError:  # unset here: nothing of it can be in the config
@@ -134,7 +134,7 @@ def _print_config(cfg: DeployConfig, members: list[FleetMember]) -> None:
         tree = OmegaConf.to_container(OmegaConf.structured(host_cfg), enum_to_str=True)
         masked = _map_strings(tree, api_key.mask) if api_key else tree
         text = OmegaConf.to_yaml(OmegaConf.create(masked))  # quotes '***', a YAML alias bare
-        console.stdout.print(text, markup=False, soft_wrap=True, end="")
+        console.stdout.print(text, markup=False, highlight=False, soft_wrap=True, end="")
 
 
 def _map_strings(node: object, change: Callable[[str], str]) -> object:

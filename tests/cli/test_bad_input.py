@@ -135,13 +135,20 @@ def test_fleet_refused_for_a_host_config_makes_no_run_folder(
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("flag", [["--info"], ["-m", "host=ct129,ct200"], ["--cfg", "hydra"]])
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        (["--info"], "--info"),
+        (["-m", "host=ct129,ct200"], "-m"),
+        (["--cfg", "hydra"], "--cfg hydra"),
+    ],
+)
 def test_hydra_flags_other_than_cfg_job_are_refused_in_one_sentence(
-    capsys: pytest.CaptureFixture[str], flag: list[str]
+    capsys: pytest.CaptureFixture[str], flag: list[str], named: str
 ) -> None:
     sentence = _refused(capsys, *flag)
     assert sentence.startswith(
-        f"ddtree-deploy takes Hydra overrides (key=value), not Hydra's flag {flag[0]};"
+        f"ddtree-deploy takes Hydra overrides (key=value), not Hydra's flag {named};"
     )
     assert "--cfg job" in sentence
 
