@@ -43,7 +43,7 @@ _SGLANG_VERSION = re.compile(r"^\+*sglang\.version=(?P<value>.+)$")
 # "In 'fleet/x': ValidationError raised while composing config:\n<why>\n    full_key: <key>"
 _IN_FILE = re.compile(
     r"In '(?P<file>[^']+)': \w+ raised while composing config:\n"
-    r"(?P<why>.*)\n\s*full_key: ?(?P<key>\S*)"
+    r"(?P<why>.*)\n\s*full_key: ?(?P<key>.*)"
 )
 # Hydra warns, and goes on, when a hydra.searchpath folder does not exist; we refuse instead.
 _SEARCHPATH_MISSING = re.compile(r"provider=hydra\.searchpath in \S+, path=(?P<path>.*) is not")
@@ -192,11 +192,14 @@ def _check_added_keys(overrides: Sequence[Override]) -> None:
 
 
 def _unknown_key_error(key: str) -> ConfigError:
-    """The sentence for a key the schema does not have, with the nearest known key (difflib's
-    ratio over every dotted key of the schema: typos are near in letters, not in meaning)."""
+    return ConfigError(f"Config key {key} does not exist; {_nearest_key(key)}")
+
+
+def _nearest_key(key: str) -> str:
+    """What to do about a key the schema does not have: the nearest known key (difflib's ratio
+    over every dotted key of the schema: typos are near in letters, not in meaning)."""
     nearest = difflib.get_close_matches(key, list(_schema_keys(DeployConfig)), n=1)
-    fix = f"did you mean {nearest[0]}?" if nearest else "docs/configuration.md lists every key."
-    return ConfigError(f"Config key {key} does not exist; {fix}")
+    return f"did you mean {nearest[0]}?" if nearest else "docs/configuration.md lists every key."
 
 
 def _schema_has(key: str) -> bool:
@@ -252,7 +255,13 @@ def _searchpath_error(err: UserWarning) -> ConfigError:
 def _file_shape_error(found: re.Match[str]) -> ConfigError:
     """A config file whose value does not fit the schema's shape or type (Hydra's sentence for
     it is "ValidationError raised while composing config:" and nothing after the colon)."""
-    where, key, why = f"{found['file']}.yaml", found["key"], found["why"].strip().rstrip(".")
+    where, key, why = (
+        f"{found['file']}.yaml",
+        found["key"].strip(),
+        found["why"].strip().rstrip("."),
+    )
+    fleet = found["file"].startswith("fleet/")
+    doc = "docs/fleet.md" if fleet else "docs/configuration.md"
     group, _, rest = key.partition(".")
     if group and rest.split(".")[0] == group:  # host.host: Hydra read no `# @package` header
         return ConfigError(
@@ -261,13 +270,15 @@ def _file_shape_error(found: re.Match[str]) -> ConfigError:
         )
     if why.endswith("is not Optional"):
         why = "it is empty (null) and must hold a value"
+    elif why.startswith("Key '") and " not in " in why:
+        return ConfigError(
+            f"{where} sets {key}, which is no key of the config; {_nearest_key(key)}"
+        )
     elif why.startswith("Cannot merge DictConfig with ListConfig"):
         why = "a list stands where a mapping ({name: value, ...}) belongs"
-    fleet = found["file"].startswith("fleet/")
     if fleet and key in ("", "fleet.hosts"):
         why += " (hosts: maps each host's option to its entry, e.g. {ct129: {}})"
     subject = f"{key} in {where}" if key else where
-    doc = "docs/fleet.md" if fleet else "docs/configuration.md"
     return ConfigError(f"{subject} does not fit the schema: {why}; see {doc}.")
 
 

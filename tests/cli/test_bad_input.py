@@ -204,3 +204,14 @@ def test_host_file_whose_package_line_is_not_first_says_where_it_belongs(
     assert sentence.endswith(
         "its `# @package _global_` line must be the file's first line, above any other comment."
     )
+
+
+def test_host_file_with_a_misspelt_key_names_the_file_and_the_nearest_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = HOST_HEADER + "host: {nmae: gpu7, sglang_venv: /v}\n"
+    sentence = _refused(capsys, _searchpath(tmp_path, {"host/gpu7.yaml": text}), "host=gpu7")
+    assert (
+        sentence
+        == "host/gpu7.yaml sets host.nmae, which is no key of the config; did you mean host.name?"
+    )
