@@ -32,8 +32,7 @@ ACTION_SUMMARIES = {
 _HEAD = """\
 usage: ddtree-deploy [--cfg job] [GROUP=OPTION] [KEY=VALUE] ...
 Puts DDTree speculative decoding onto SGLang GPU hosts. Arguments are Hydra
-overrides: GROUP=OPTION picks conf/GROUP/OPTION.yaml, KEY=VALUE sets one key;
---cfg job prints the composed config (API key masked) and runs nothing.
+overrides: GROUP=OPTION picks conf/GROUP/OPTION.yaml, KEY=VALUE sets one key.
 """
 
 _TAIL = """\
