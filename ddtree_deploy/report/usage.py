@@ -31,7 +31,7 @@ ACTION_SUMMARIES = {
 }
 
 _HEAD = """\
-usage: ddtree-deploy [GROUP=OPTION] [KEY=VALUE] ...
+usage: ddtree-deploy [--cfg job] [GROUP=OPTION] [KEY=VALUE] ...
 Puts DDTree speculative decoding onto SGLang GPU hosts. Arguments are Hydra
 overrides: GROUP=OPTION picks conf/GROUP/OPTION.yaml, KEY=VALUE sets one key.
 """
@@ -67,7 +67,6 @@ def usage_text(groups: Sequence[GroupOptions]) -> str:
             "",
             "config groups (* the default; host= also picks gpu, abi, model, sglang):",
             *rows,
-            "",
-            _TAIL,
+            _TAIL,  # unindented under the groups' rows: the 40th line, no blank before it
         ]
     )
