@@ -23,7 +23,7 @@ _TORCH_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 _CUDA_VERSION = re.compile(r"^\d+\.\d+$")
 _PYTHON_VERSION = re.compile(r"^3\.\d+$")
 _GPU_ARCH = re.compile(r"^sm_\d+[a-z]?$")
-# host.name names the run folders, state files and fleet journal entries: a file-name-safe word.
+# host.name (and fleet.name) names run folders, state files and journals: a file-name-safe word.
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # service.unit_name is a systemd unit name (<name>.service, SyslogIdentifier=), without the
 # template `@` and escapes that systemd.unit(5) also allows.
@@ -358,6 +358,11 @@ def _fleet_problems(cfg: DeployConfig) -> list[str]:
     fleet = cfg.fleet
     if fleet is None:
         return []
+    if not _HOST_NAME.match(fleet.name):  # it names the fleet's run folders and journal
+        return [
+            f"fleet.name={_shown(fleet.name)} cannot name the fleet's run folders and journal: "
+            "give 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
+        ]
     if cfg.action not in FLEET_ACTIONS:
         return [
             f"action={cfg.action} acts on one host, not on fleet {fleet.name}; a fleet runs "

@@ -216,6 +216,11 @@ CASES += [
     ),
     pytest.param(["host.name=.."], f"host.name='..' {HOST_NAME_RULE}", id="host-name-dots"),
     pytest.param(
+        ["fleet=ct", "fleet.name=a/b"],
+        "fleet.name='a/b' cannot name the fleet's run folders and journal: give 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit.",
+        id="fleet-name",
+    ),
+    pytest.param(
         ["host=ct200", "service.unit_name=a/b"],
         "service.unit_name='a/b' is not a systemd unit name: give 1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit.",
         id="unit-name",
