@@ -179,6 +179,7 @@ def render_service(cfg: DeployConfig, api_key: Secret | None) -> RenderedService
     unit_path, env_path = unit_paths(cfg)
     argv = server_argv(cfg, api_key=api_key is not None)
     unit_text = TEMPLATES.get_template("sglang.service.j2").render(
+        serves=unit_value(f"{cfg.model.name} with {algo_summary(cfg)}"),
         description=unit_value(f"SGLang server ({cfg.model.name}, {algo_summary(cfg)})"),
         syslog_identifier=unit_value(cfg.service.unit_name),
         user=unit_value(cfg.service.user),
