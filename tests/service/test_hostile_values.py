@@ -65,6 +65,8 @@ def _string_slots(node: object, prefix: str) -> typing.Iterator[tuple[Key, objec
         key, hint, value = f"{prefix}{field.name}", hints[field.name], getattr(node, field.name)
         if dataclasses.is_dataclass(value):
             yield from _string_slots(value, f"{key}.")
+        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            yield from _string_slots(value[0], f"{key}[0].")  # a prompt
         elif hint == list[str]:
             value.append("")
             yield Key(f"{key}[{len(value) - 1}]", f"{key}=[{{}}]"), value, len(value) - 1
@@ -148,7 +150,7 @@ def _check_read_back(cfg: DeployConfig, rendered: RenderedService, plain: Render
 
 
 def test_the_markers_find_every_kind_of_key() -> None:
-    names = {key.name for key in KEYS}
+    names = {re.sub(r"\[\d+\]", "[]", key.name) for key in KEYS}
     assert {
         "model.name",  # Description=
         "service.user",  # User=
@@ -156,12 +158,12 @@ def test_the_markers_find_every_kind_of_key() -> None:
         "service.env_dir",  # EnvironmentFile=
         "host.sglang_venv",  # ExecStart's program
         "model.target_path",  # ExecStart's arguments
-        "service.extra_args[0]",
-        "sglang.hybrid_speculative_args[1]",  # the release lists one already
+        "service.extra_args[]",
+        "sglang.hybrid_speculative_args[]",  # reaches ExecStart on a hybrid target
         "service.environment.MARKER_KEY",  # an environment file value
         "service.environment",  # ... and its name
     } <= names, names
-    assert "validation.prompts[0].text" not in names
+    assert "validation.prompts[].text" not in names
 
 
 @pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
