@@ -1,15 +1,15 @@
 """Which tests make the fast loop (`pytest -m fast`, `scripts/test --fast`), read from their code.
 
-A test is in the fast loop unless it needs one of the heavy parts: a hostlab host (sshd or a
-systemd-nspawn container), a staging SGLang venv (or the stand-in venv built from one), a
-released SGLang wheel or the tree unpacked from it, or the staging venv build itself; nor does
-it compile CUDA code (a `skipif` that names nvcc). Its markers say so (`sshd`, `nspawn`,
-`clone`, or `slow` with its reason), or its code does: the
-test function and every fixture it requests, directly or through other fixtures, are followed
-through the names their code uses (nested functions included) into every function, class and
-module of tests/ and kernels/tests/ they name; reaching one of `HEAVY_ENTRY_POINTS` makes the
-test heavy. No list of tests is kept: a new test that calls `require_staging_venv` leaves the
-fast loop by itself.
+A test is in the fast loop unless it needs a heavy part: a hostlab host (sshd or a systemd-nspawn
+container), a staging SGLang venv (or the stand-in venv made from one), a released SGLang wheel
+or the tree unpacked from it, the staging venv build itself, or nvcc (a `skipif` that names it:
+the test compiles the CUDA extension). Its markers say so (`sshd`, `nspawn`, `clone`, or `slow`
+with its reason), or its code does: the test function and every fixture it requests, directly
+or through other fixtures, are followed through the names their code uses (nested functions
+included) into every function, class and module of tests/ and kernels/tests/ they name;
+reaching one of `HEAVY_ENTRY_POINTS`, or writing one of `HEAVY_CLI_ARGUMENTS`, makes the test
+heavy. No list of tests is kept: a new test that calls `require_staging_venv` leaves the fast
+loop by itself.
 
 `scripts/test --fast` also hides the staging venvs and makes hostlab and staging refusals fail,
 not skip, so a test this reading misses fails loudly there instead of slowing the loop.
@@ -44,6 +44,10 @@ HEAVY_ENTRY_POINTS: frozenset[object] = frozenset(
         prepare_staging_venv,  # builds a staging venv
     }
 )
+# CLI arguments, written in a test, that reach a heavy part through the action table (which the
+# name-following below does not enter): `port` reads a released SGLang wheel, `prepare` builds a
+# staging venv.
+HEAVY_CLI_ARGUMENTS = frozenset({"action=port", "action=prepare"})
 HEAVY_MARKERS = ("sshd", "nspawn", "clone", "slow")
 _OUR_CODE = tuple(
     str(Path(__file__).resolve().parents[1] / folder) + "/" for folder in ("tests", "kernels/tests")
@@ -83,9 +87,13 @@ class HeavyReach:
         if code in self._known:
             return self._known[code]
         self._known[code] = False  # a cycle reaches nothing new
-        names = {name for c in _codes(code) for name in c.co_names}
+        codes = list(_codes(code))
+        names = {name for c in codes for name in c.co_names}
         namespace = getattr(func, "__globals__", {})
-        found = any(self._value(namespace.get(name), names) for name in names)
+        consts = {const for c in codes for const in c.co_consts if isinstance(const, str)}
+        found = bool(consts & HEAVY_CLI_ARGUMENTS) or any(
+            self._value(namespace.get(name), names) for name in names
+        )
         self._known[code] = found
         return found
 
