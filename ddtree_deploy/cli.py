@@ -1,27 +1,33 @@
 """The `ddtree-deploy` command: compose the config, run one action, print, exit.
 
 The single error boundary: a `DeployError` prints one red sentence (plus its hint) and exits
-with its code; anything else is a bug and keeps its traceback. Arguments are Hydra overrides
-(`host=ct200 algo=ddtree action=plan`), composed through Hydra's compose API so that every
-composition error can be turned into one sentence.
+with its code (`HYDRA_FULL_ERROR=1` adds the traceback behind it); anything else is a bug and
+keeps its traceback. Arguments are Hydra overrides (`host=ct200 algo=ddtree action=plan`),
+composed through Hydra's compose API so that every composition error can be turned into one
+sentence; of Hydra's application flags only `--cfg job` (print the composed config) is kept.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from ddtree_deploy.config import DeployConfig, Output, compose_config, group_options
 from ddtree_deploy.config.schema import OnFailure
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import ConfigError, DeployError
 from ddtree_deploy.events import JsonLinesSink, bound_emit, emit, sink_installed
 from ddtree_deploy.fleet import (
     ActionDriver,
     FleetJournal,
+    FleetMember,
     FleetResult,
     compose_members,
     fleet_level,
@@ -38,6 +44,7 @@ from ddtree_deploy.report.usage import usage_text
 from ddtree_deploy.rollout import actions
 from ddtree_deploy.rollout.actions import ActionOutcome
 from ddtree_deploy.rollout.validation_flow import ValidationFailed
+from ddtree_deploy.service.secret import load_api_key
 from ddtree_deploy.validate.record import ValidationRecord
 
 
@@ -52,9 +59,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     root_logger = logging.getLogger()
     root_logger.addHandler(logging.NullHandler())
     try:
+        args, print_config = _without_flags(args)
         fleet_args = fleet_level(args)  # a fleet's hosts are composed (and checked) one by one
         cfg = compose_config(args if fleet_args is None else fleet_args)
-        run_dir = _run_dir(cfg)
+        members = compose_members(cfg.fleet, args) if cfg.fleet is not None else []
+        if print_config:
+            _print_config(cfg, members)
+            return 0
+        run_dir = _run_dir(cfg)  # only once the whole configuration is known good
         log_handler = logging.FileHandler(run_dir / "debug.log")
         log_handler.setFormatter(
             logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -65,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with sink_installed(sink):
                 if cfg.fleet is not None:
-                    return _run_fleet(cfg, args, run_dir)
+                    return _run_fleet(cfg, members, args, run_dir)
                 with sink_installed(_progress):
                     return _run(cfg, args, run_dir)
         finally:
@@ -73,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             root_logger.removeHandler(log_handler)
             log_handler.close()
     except DeployError as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the traceback behind the sentence
+            traceback.print_exception(err, file=sys.stderr)
         console.print_error(err)
         return err.exit_code
     except KeyboardInterrupt:
@@ -83,6 +97,53 @@ def main(argv: Sequence[str] | None = None) -> int:
 def entrypoint() -> None:
     """Console-script entry point."""
     sys.exit(main())
+
+
+def _without_flags(args: list[str]) -> tuple[list[str], bool]:
+    """The overrides without `--cfg job`, and whether it was given. Hydra's other application
+    flags are refused: a run is not a Hydra job (no output dir, no multirun, no completion)."""
+    overrides, print_config, rest = [], False, iter(args)
+    for arg in rest:
+        flag = arg
+        if arg in ("--cfg", "-c"):
+            flag = f"{arg} {next(rest, '')}".strip()
+        if flag in ("--cfg job", "-c job", "--cfg=job"):
+            print_config = True
+        elif flag.startswith("-"):
+            raise ConfigError(
+                f"ddtree-deploy takes Hydra overrides (key=value), not Hydra's flag {flag}; "
+                "of its flags only --cfg job (print the composed config) is kept, and several "
+                "hosts are one fleet= run, not a multirun."
+            )
+        else:
+            overrides.append(arg)
+    return overrides, print_config
+
+
+def _print_config(cfg: DeployConfig, members: list[FleetMember]) -> None:
+    """`--cfg job`: the composed config as YAML, the API key masked wherever it appears (the
+    config holds only where the key is read from); a fleet's hosts one after the other."""
+    configs = [(m.name, m.cfg) for m in members] or [(cfg.host.name, cfg)]
+    for name, host_cfg in configs:
+        if cfg.fleet is not None:
+            console.print_line(f"# fleet {cfg.fleet.name}, host {name}")
+        try:
+            api_key = load_api_key(host_cfg.service)
+        except ConfigError:  # unset here: nothing of it can be in the config
+            api_key = None
+        tree = OmegaConf.to_container(OmegaConf.structured(host_cfg), enum_to_str=True)
+        masked = _map_strings(tree, api_key.mask) if api_key else tree
+        text = OmegaConf.to_yaml(OmegaConf.create(masked))  # quotes '***', a YAML alias bare
+        console.stdout.print(text, markup=False, highlight=False, soft_wrap=True, end="")
+
+
+def _map_strings(node: object, change: Callable[[str], str]) -> object:
+    """`node` (nested dicts and lists) with `change` applied to every string in it."""
+    if isinstance(node, dict):
+        return {key: _map_strings(value, change) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_map_strings(value, change) for value in node]
+    return change(node) if isinstance(node, str) else node
 
 
 def _run(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
@@ -189,13 +250,14 @@ def _progress(record: dict[str, object]) -> None:
         console.stderr.print(f"[dim]>[/] {message}", highlight=False)
 
 
-def _run_fleet(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
+def _run_fleet(
+    cfg: DeployConfig, members: list[FleetMember], args: list[str], run_dir: Path
+) -> int:
     """The action on every host of the fleet (ddtree_deploy.fleet), a live table meanwhile,
     then the recap on stdout and as recap.{json,md,junit.xml} in the fleet's run folder."""
     fleet = cfg.fleet
     assert fleet is not None
     emit("run.start", action=cfg.action, fleet=fleet.name, overrides=args)
-    members = compose_members(fleet, args)
     journal = None
     if cfg.action in RESUMABLE:
         runs = Path(cfg.rollout.runs_dir)
@@ -242,7 +304,10 @@ def _run_dir(cfg: DeployConfig) -> Path:
     share one."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     runs = Path(cfg.rollout.runs_dir)
-    runs.mkdir(parents=True, exist_ok=True)
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # under /proc, a regular file, no permission...
+        raise _unusable_runs_dir(runs, err) from err
     where = f"fleet-{cfg.fleet.name}" if cfg.fleet is not None else cfg.host.name
     name = f"{stamp}-{where}-{cfg.action}"
     suffix = 0
@@ -253,3 +318,12 @@ def _run_dir(cfg: DeployConfig) -> Path:
             return path
         except FileExistsError:
             suffix += 1
+        except OSError as err:  # a folder, but not one this user can write to
+            raise _unusable_runs_dir(runs, err) from err
+
+
+def _unusable_runs_dir(runs: Path, err: OSError) -> ConfigError:
+    return ConfigError(
+        f"rollout.runs_dir={runs} cannot hold run folders ({err.strerror}); point it at a "
+        "folder you can write to."
+    )

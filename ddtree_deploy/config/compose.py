@@ -7,14 +7,21 @@ sentence the user reads (`ConfigError`), so `cli` never shows a traceback for ba
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
-from collections.abc import Sequence
+import types
+import typing
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
+import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException, MissingConfigException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -33,6 +40,13 @@ CONFIG_MODULE = "ddtree_deploy.conf"
 _MISSING_OPTION = re.compile(r"Could not find '(?P<group>[^']+)/(?P<option>[^']+)'")
 _SGLANG_OPTION = re.compile(r"^\+*sglang=(?P<value>.+)$")
 _SGLANG_VERSION = re.compile(r"^\+*sglang\.version=(?P<value>.+)$")
+# "In 'fleet/x': ValidationError raised while composing config:\n<why>\n    full_key: <key>"
+_IN_FILE = re.compile(
+    r"In '(?P<file>[^']+)': \w+ raised while composing config:\n"
+    r"(?P<why>.*)\n\s*full_key: ?(?P<key>.*)"
+)
+# Hydra warns, and goes on, when a hydra.searchpath folder does not exist; we refuse instead.
+_SEARCHPATH_MISSING = re.compile(r"provider=hydra\.searchpath in \S+, path=(?P<path>.*) is not")
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DeployConfig:
@@ -42,10 +56,17 @@ def compose_config(overrides: Sequence[str] = ()) -> DeployConfig:
     missing values and broken cross-field rules.
     """
     register_configs()
+    _check_added_keys(_parse_overrides(overrides))
     try:
-        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            raw = compose("config", overrides=_with_release_option(overrides))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=_SEARCHPATH_MISSING.pattern)
+            with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+                raw = compose("config", overrides=_with_release_option(overrides))
         cfg = OmegaConf.to_object(raw)
+    except UserWarning as err:
+        raise _searchpath_error(err) from err
+    except yaml.MarkedYAMLError as err:
+        raise _yaml_error(err) from err
     except (HydraException, OmegaConfBaseException) as err:
         raise _as_config_error(err) from err
     assert isinstance(cfg, DeployConfig)
@@ -125,6 +146,8 @@ RETIRED_KEYS = {
 def _as_config_error(err: Exception) -> ConfigError:
     if isinstance(err, MissingConfigException):
         return _missing_option_error(err)
+    if (in_file := _IN_FILE.search(str(err))) is not None:
+        return _file_shape_error(in_file)
     cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
     key = getattr(cause, "full_key", None)
     first_line = _first_line(getattr(cause, "msg", None) or str(cause))
@@ -133,12 +156,130 @@ def _as_config_error(err: Exception) -> ConfigError:
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key in RETIRED_KEYS:
         return ConfigError(f"Config key {key} was retired: {RETIRED_KEYS[key]}")
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
-        return ConfigError(
-            f"Config key {key} does not exist; check its spelling against the files in conf/."
-        )
+        return _unknown_key_error(str(key))
     if isinstance(cause, ValidationError) and key:
         return ConfigError(f"Config key {key} has an invalid value: {first_line.rstrip('.')}.")
     return ConfigError(f"The configuration could not be composed: {first_line.rstrip('.')}.")
+
+
+def _parse_overrides(overrides: Sequence[str]) -> list[Override]:
+    """Each override parsed by Hydra's own grammar, one at a time so the sentence names the one
+    it cannot read (Hydra's lexer error names only its internals)."""
+    parser = OverridesParser.create()
+    parsed = []
+    for override in overrides:
+        try:
+            parsed += parser.parse_overrides([override])
+        except OverrideParseException as err:
+            raise ConfigError(
+                f"Cannot read the override {override!r}: a value holding ';', spaces, quotes, "
+                "brackets or non-ASCII characters must be quoted for Hydra, as in "
+                "\"model.name='my model'\" (single quotes inside the shell's double quotes)."
+            ) from err
+    return parsed
+
+
+def _check_added_keys(overrides: Sequence[Override]) -> None:
+    """Refuse `+key=value` for a key the schema does not have: Hydra adds it, and the typed
+    config then drops it without a word (a typo such as `+algo.bugdet=3` would be ignored)."""
+    for override in overrides:
+        key = override.key_or_group
+        if override.type not in (OverrideType.ADD, OverrideType.FORCE_ADD):
+            continue
+        if key.startswith("hydra.") or key == "hydra" or _schema_has(key):
+            continue
+        raise _unknown_key_error(key)
+
+
+def _unknown_key_error(key: str) -> ConfigError:
+    return ConfigError(f"Config key {key} does not exist; {_nearest_key(key)}")
+
+
+def _nearest_key(key: str) -> str:
+    """What to do about a key the schema does not have: the nearest known key (difflib's ratio
+    over every dotted key of the schema: typos are near in letters, not in meaning)."""
+    nearest = difflib.get_close_matches(key, list(_schema_keys(DeployConfig)), n=1)
+    return f"did you mean {nearest[0]}?" if nearest else "docs/configuration.md lists every key."
+
+
+def _schema_has(key: str) -> bool:
+    """Whether dotted `key` names a field of `DeployConfig` (any key below a dict field does:
+    `service.environment.X`; a group's name does: `+sglang=v0_5_14`)."""
+    node: object = DeployConfig
+    for part in key.split("."):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return typing.get_origin(node) is dict
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return False
+        node = _unwrap_optional(hints[part])
+    return True
+
+
+def _schema_keys(node: type, prefix: str = "") -> Iterator[str]:
+    """Every dotted key of the dataclass `node`, depth first."""
+    for name, hint in typing.get_type_hints(node).items():
+        key, inner = f"{prefix}{name}", _unwrap_optional(hint)
+        yield key
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            yield from _schema_keys(inner, f"{key}.")
+
+
+def _unwrap_optional(hint: object) -> object:
+    """`X | None` -> `X`; any other hint unchanged."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return args[0] if is_union and len(args) == 1 else hint
+
+
+def _yaml_error(err: yaml.MarkedYAMLError) -> ConfigError:
+    """A YAML syntax error in a config file: the file, line and column, in one sentence."""
+    mark = err.problem_mark or err.context_mark
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a file"
+    problem = (err.problem or err.context or "invalid YAML").rstrip(".")
+    return ConfigError(
+        f"{where} is not valid YAML ({problem}); fix it there (indent with spaces, not tabs, "
+        "and close every bracket and quote)."
+    )
+
+
+def _searchpath_error(err: UserWarning) -> ConfigError:
+    match = _SEARCHPATH_MISSING.search(str(err))
+    path = match["path"] if match else str(err)
+    return ConfigError(
+        f"hydra.searchpath names {path}, which does not exist; give the folder that holds your "
+        "config groups (host/, fleet/...) as hydra.searchpath=[file:///absolute/path]."
+    )
+
+
+def _file_shape_error(found: re.Match[str]) -> ConfigError:
+    """A config file whose value does not fit the schema's shape or type (Hydra's sentence for
+    it is "ValidationError raised while composing config:" and nothing after the colon)."""
+    where, key, why = (
+        f"{found['file']}.yaml",
+        found["key"].strip(),
+        found["why"].strip().rstrip("."),
+    )
+    fleet = found["file"].startswith("fleet/")
+    doc = "docs/fleet.md" if fleet else "docs/configuration.md"
+    group, _, rest = key.partition(".")
+    if group and rest.split(".")[0] == group:  # host.host: Hydra read no `# @package` header
+        return ConfigError(
+            f"A {group}/ file of yours put its keys under {group}.{group} ({why}): its "
+            "`# @package _global_` line must be the file's first line, above any other comment."
+        )
+    if why.endswith("is not Optional"):
+        why = "it is empty (null) and must hold a value"
+    elif why.startswith("Key '") and " not in " in why:
+        return ConfigError(
+            f"{where} sets {key}, which is no key of the config; {_nearest_key(key)}"
+        )
+    elif why.startswith("Cannot merge DictConfig with ListConfig"):
+        why = "a list stands where a mapping ({name: value, ...}) belongs"
+    if fleet and key in ("", "fleet.hosts"):
+        why += " (hosts: maps each host's option to its entry, e.g. {ct129: {}})"
+    subject = f"{key} in {where}" if key else where
+    return ConfigError(f"{subject} does not fit the schema: {why}; see {doc}.")
 
 
 def _missing_option_error(err: MissingConfigException) -> ConfigError:

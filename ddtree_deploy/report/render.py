@@ -96,8 +96,9 @@ def status_table(status: HostStatus) -> None:
         ("unit", f"{status.unit}: {status.unit_state}, {status.enabled}"),
         (
             "interrupted run",
-            "none" if status.interrupted is None else f"generation {status.interrupted}",
+            "none" if status.interrupted is None else status.interrupted.describe(),
         ),
+        *((("next run", status.interrupted.next_run),) if status.interrupted else ()),
         ("pending restart", ", ".join(status.pending_restart) or "no"),
         ("patch set", status.patch_set),
         *((f"  {state}", path) for path, state in status.patch_files),

@@ -30,7 +30,7 @@ ACTION_SUMMARIES = {
 }
 
 _HEAD = """\
-usage: ddtree-deploy [GROUP=OPTION] [KEY=VALUE] ...
+usage: ddtree-deploy [--cfg job] [GROUP=OPTION] [KEY=VALUE] ...
 Puts DDTree speculative decoding onto SGLang GPU hosts. Arguments are Hydra
 overrides: GROUP=OPTION picks conf/GROUP/OPTION.yaml, KEY=VALUE sets one key.
 """

@@ -5,7 +5,9 @@ Built on `hosts.state.HostStateStore`. `state.json` holds the current generation
 the algorithm, unit/env hashes, patch/kernel records, `pending_restart` and `in_progress`.
 `generations/N/` holds `meta.json`, the unit and env file N installs (`unit`, `env`, 0600), and
 `replaced/` (the unit and env bytes that were on the host before N, or their absence). Every
-change is announced in `journal.jsonl` before it happens.
+change is announced in `journal.jsonl` before it happens. A host without a managed service
+(`host.systemd=false`) records no generation; a deploy there is marked in `staged_run` while it
+runs, so a stopped one is still seen.
 """
 
 from __future__ import annotations
@@ -78,7 +80,17 @@ class GenerationStore:
         state.setdefault("last_generation", 0)
         state.setdefault("pending_restart", None)
         state.setdefault("in_progress", None)
+        state.setdefault("staged_run", None)
         return state
+
+    def started_steps(self, number: int) -> list[str]:
+        """The steps a run of generation `number` started, in order (journal `step.apply`)."""
+        steps = [
+            str(r["step"])
+            for r in self.store.read_journal()
+            if r.get("event") == "step.apply" and r.get("generation") == number
+        ]
+        return list(dict.fromkeys(steps))
 
     def meta(self, number: int) -> GenerationMeta | None:
         text = self.host.read_text(self._dir(number) / "meta.json", sudo=True)
@@ -170,6 +182,34 @@ class GenerationStore:
 
     def journal(self, event: str, **fields: Any) -> None:
         self.store.journal(event, **fields)
+
+    # -- runs without a generation (host.systemd=false) ---------------------------------------
+
+    def begin_staged(self, action: str, steps: list[str]) -> None:
+        """Mark a run that changes the host without a generation, before its first step."""
+        self.store.journal("staged.begin", action=action, steps=steps)
+        state = self.state()
+        state["staged_run"] = {
+            "action": action,
+            "steps": steps,
+            "done": [],
+            "started": round(time.time(), 3),
+        }
+        self.store.save(state)
+
+    def staged_step_done(self, step: str) -> None:
+        state = self.state()
+        self.store.journal("staged.step", step=step)
+        if state["staged_run"] is not None:
+            state["staged_run"]["done"].append(step)
+            self.store.save(state)
+
+    def end_staged(self) -> None:
+        """The marked run finished: nothing of it is left to tell."""
+        state = self.state()
+        self.store.journal("staged.end", run=state["staged_run"])
+        state["staged_run"] = None
+        self.store.save(state)
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -177,9 +177,9 @@ def deploy(
     prepared = prepare(cfg, host, api_key, report.facts)
     prepared.lint.raise_if_failed()
     if not cfg.host.systemd:  # staging: SGLang is patched and kernels installed for real
-        steps = [*patch_steps(cfg), *kernel_steps(cfg, report.facts)]
-        staged = [_apply_now(step, host) for step in steps]
-        staged.append(StepReport("unit", "staging", "rendered and linted; host.systemd=false"))
+        staged = _deploy_staged(
+            prepared.generations, host, [*patch_steps(cfg), *kernel_steps(cfg, report.facts)]
+        )
         changed = sum(r.status == "changed" for r in staged)
         return DeployOutcome(cfg.host.name, None, changed, tuple(staged), report, prepared.lint)
     generations = prepared.generations
@@ -240,6 +240,22 @@ def _rolled_back(cfg: DeployConfig, host: ShellHost, err: DeployError) -> Deploy
     )
     rolled.exit_code = err.exit_code
     return rolled
+
+
+def _deploy_staged(
+    generations: GenerationStore, host: ShellHost, steps: list[Step]
+) -> list[StepReport]:
+    """Apply `steps` outside any generation (a host without a managed service keeps none),
+    marked on the host while they run, so `status` tells a run that stopped between them."""
+    generations.begin_staged("deploy", [step.name for step in steps])
+    reports = []
+    for step in steps:
+        reports.append(_apply_now(step, host))
+        generations.staged_step_done(step.name)
+        boundary(f"{step.name}.done")
+    generations.end_staged()
+    reports.append(StepReport("unit", "staging", "rendered and linted; host.systemd=false"))
+    return reports
 
 
 def _apply_now(step: Step, host: ShellHost) -> StepReport:

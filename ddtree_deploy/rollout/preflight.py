@@ -75,7 +75,9 @@ def _python_check(cfg: DeployConfig, facts: HostFacts) -> Check:
     expected = f"Python {cfg.abi.python} at {facts.python_path}"
     if facts.python_version is None:
         todo = (
-            f"run `ddtree-deploy host={cfg.host.name} action=prepare` to build it"
+            # The version too: without it, prepare builds the host file's default release.
+            f"run `ddtree-deploy host={cfg.host.name} sglang.version={cfg.sglang.version} "
+            "action=prepare` to build it"
             if cfg.host.staging
             else "install SGLang's venv there or fix host.sglang_venv"
         )

@@ -4,7 +4,9 @@ Drift is anything changed outside the tool since the current generation was comm
 or env file's bytes or mode, a unit file systemd has not reloaded, a disabled unit, a patched
 SGLang file that matches neither its pristine nor its patched hash. On a host without systemd
 management (`host.systemd=false`, a staging host) no unit exists to ask about, so the status
-holds the rest. It reads the host only; it never changes it.
+holds the rest. A run that stopped midway (killed, interrupted, lost its connection) is told
+with the steps it had started and what the next run will do about it. It reads the host only;
+it never changes it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,19 @@ from ddtree_deploy.steps import PlanStatus
 
 
 @dataclass(frozen=True)
+class InterruptedRun:
+    """A run that stopped before it finished, as the host's state records it."""
+
+    what: str  # "deploy of generation 3", "deploy without a generation (host.systemd=false)"
+    started: tuple[str, ...]  # the steps it had started (generation) or finished (staged), in order
+    next_run: str  # what the next deploy or rollback does about it
+
+    def describe(self) -> str:
+        done = ", ".join(self.started) if self.started else "none"
+        return f"{self.what}; steps it got to: {done}"
+
+
+@dataclass(frozen=True)
 class HostStatus:
     host: str
     service_managed: bool  # host.systemd; false: no unit, unit_state and enabled say so
@@ -40,7 +55,7 @@ class HostStatus:
     unit: str
     unit_state: str
     enabled: str
-    interrupted: int | None  # a generation a killed run left in progress
+    interrupted: InterruptedRun | None  # a run that stopped before it finished
     pending_restart: tuple[str, ...]
     patch_set: str  # "0.5.11: applied", or why the installed SGLang could not be read
     patch_files: tuple[tuple[str, str], ...]  # (path, pristine | applied | drifted)
@@ -59,7 +74,8 @@ def installed_patch_step(cfg: DeployConfig, facts: HostFacts) -> PatchStep:
 
 
 def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
-    state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
+    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    state = generations.state()
     unit_path = unit_paths(cfg)[0]
     drift: list[str] = []
     if cfg.host.systemd:
@@ -87,7 +103,7 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         unit=unit_path.name,
         unit_state=unit_state,
         enabled=enabled,
-        interrupted=(state["in_progress"] or {}).get("generation"),
+        interrupted=interrupted_run(generations, state),
         pending_restart=tuple(owed["reasons"]) if owed else (),
         patch_set=patch_set,
         patch_files=patch_files,
@@ -106,6 +122,40 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         kernels=status.kernels,
     )
     return status
+
+
+def interrupted_run(generations: GenerationStore, state: dict[str, Any]) -> InterruptedRun | None:
+    """The run `state` says stopped midway, if any: a generation left in progress, or a deploy
+    without a generation (host.systemd=false) that never marked its end."""
+    if (in_progress := state["in_progress"]) is not None:
+        number, kind = int(in_progress["generation"]), str(in_progress["kind"])
+        started = tuple(generations.started_steps(number))
+        if kind == "rollback":
+            return InterruptedRun(
+                f"rollback (generation {number})",
+                started,
+                f"action=rollback finishes it; action=deploy takes generation {number} over "
+                "for what it deploys.",
+            )
+        lineage = [g for g in state["lineage"] if g != number]
+        back = f"generation {lineage[-1]}" if lineage else "the unit found before generation 1"
+        return InterruptedRun(
+            f"deploy of generation {number}",
+            started,
+            f"action=deploy finishes generation {number} (every step checked again, what "
+            f"differs applied, then the gates); action=rollback undoes it, back to {back}.",
+        )
+    if (staged := state["staged_run"]) is not None:
+        done = [str(step) for step in staged["done"]]
+        left = [str(step) for step in staged["steps"] if step not in done]
+        return InterruptedRun(
+            f"{staged['action']} without a generation (host.systemd=false), stopped before "
+            + (", ".join(left) or "it marked its end"),
+            tuple(done),
+            f"action={staged['action']} checks {', '.join(staged['steps'])} again and applies "
+            "what differs; action=unpatch puts pristine SGLang back.",
+        )
+    return None
 
 
 def _service_drift(

@@ -36,7 +36,7 @@ CASES = [
     ),
     pytest.param(
         ["algo.bugdet=3"],
-        "Config key algo.bugdet does not exist; check its spelling against the files in conf/.",
+        "Config key algo.bugdet does not exist; did you mean algo.budget?",
         id="unknown-key",
     ),
     pytest.param(

@@ -227,7 +227,13 @@ def test_failed_gate_under_halt_finishes_its_batch_and_starts_no_other(
 def test_failed_gate_under_rollback_all_returns_changed_hosts_to_where_they_were(
     labs: dict[str, StandinLab], runs: Path
 ) -> None:
+    """Each host starts from a generation of its own, deployed here (run alone or after the
+    others, the same start): a host with none would go back to the unit found before its first
+    generation, as a new generation (docs/fleet.md), not to "no generation"."""
+    setup = fleet_args(labs, runs, batch_size=3)
+    assert main([*setup, "+service.environment.FLEET_ROUND=before-all", "action=deploy"]) == 0
     before = {name: state(lab)["generation"] for name, lab in labs.items()}
+    assert None not in before.values()
     args = fleet_args(labs, runs, on_failure="rollback_all", per_host=LAB2_FAILS)
     assert main([*args, "+service.environment.FLEET_ROUND=all", "action=deploy"]) == 10
     recap = last_recap(runs)

@@ -69,7 +69,7 @@ import httpx
 import yaml
 from decode_log import overhead_servers_steps
 from speed import pass_requests, timed_pass
-from tables import render_table, summarize
+from tables import SMALL, render_table, summarize
 from timeline import read_trace, summarize_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,7 +120,12 @@ SIZES = {
         ("service.mem_fraction_static=0.8", "service.max_total_tokens=131072"),
         ("validation.repeats=2",),
     ),
+    # The trained pair inflated to a realistic shape computing the same function
+    # (trained/inflate.py): Qwen3-8B's, or a 27B's (two servers fit the H200 beside each other).
+    "trained-8b": Size("lab_inflated", (), ("validation.repeats=1",)),
+    "trained-27b": Size("lab_inflated", (), ("validation.repeats=1",)),
 }
+INFLATED = {"trained-8b": "8b", "trained-27b": "27b"}  # size -> inflate.py's --shape
 TRAINED = Path(__file__).with_name("trained")  # the trained size's pipeline
 
 
@@ -150,6 +155,7 @@ class CellSpec:
     width: tuple[str, ...] = ()  # algo.budget=...
     planted: str | None = None
     batched: bool = True
+    size: str | None = None  # its model's size where not the lab's (the small pair beside)
 
     @property
     def key(self) -> str:
@@ -194,7 +200,7 @@ class Lab:
         # The trained pair's own prompt set (held-out text): a config option under this folder.
         self.conf = root / "conf"
         self.validation = ["validation=lab"]
-        if size == "trained":
+        if size.startswith("trained"):
             self.validation = [f"hydra.searchpath=[file://{self.conf}]", "validation=lab_trained"]
 
     def require_api_key(self) -> None:
@@ -247,29 +253,48 @@ class Lab:
             if done.exists() and done.read_text() == written:
                 continue
             began = time.monotonic()
-            if self.size_name == "trained":
-                where = models / "trained" / kind
-                toy = ["--toy"] if self.toy else []
-                _run([python, str(TRAINED / "train.py"), str(where), *toy], stream=True)
-                prompts = json.loads((where / "prompts.json").read_text())
-                option = self.conf / "validation" / "lab_trained.yaml"
-                option.parent.mkdir(parents=True, exist_ok=True)
-                option.write_text(trained_validation(prompts))
-            else:
+            if self.size_name.startswith("trained"):
+                self.train_pair(kind)
+            if self.size_name in INFLATED:
+                _run([python, str(TRAINED / "inflate.py"), str(models / "trained" / kind),
+                      str(models / self.size_name / kind), "--shape",
+                      INFLATED[self.size_name]], stream=True)  # fmt: skip
+            elif not self.size_name.startswith("trained"):
                 _run([python, str(Path(__file__).with_name("models.py")), str(models),
                       self.size_name, kind])  # fmt: skip
             print(f"> {self.size_name} {kind} models: {time.monotonic() - began:.0f} s", flush=True)
             done.parent.mkdir(parents=True, exist_ok=True)
             done.write_text(written)
 
-    def models_digest(self) -> str:
+    def train_pair(self, kind: str) -> None:
+        """The trained pair (train.py, minutes on the GPU) and its prompt set as a validation
+        option, unless an earlier call on this root trained it with today's pipeline (an
+        inflated size reuses the pair its smaller call trained)."""
+        where = self.root / "models" / "trained" / kind
+        done = where.parent / f"{kind}.written"
+        trained = self.models_digest("trained")
+        if not (done.exists() and done.read_text() == trained):
+            toy = ["--toy"] if self.toy else []
+            _run([str(self.venv / "bin" / "python"), str(TRAINED / "train.py"), str(where), *toy],
+                 stream=True)  # fmt: skip
+            done.write_text(trained)
+        prompts = json.loads((where / "prompts.json").read_text())
+        option = self.conf / "validation" / "lab_trained.yaml"
+        option.parent.mkdir(parents=True, exist_ok=True)
+        option.write_text(trained_validation(prompts))
+
+    def models_digest(self, size: str | None = None) -> str:
         """What wrote this size's models: a digest of its generator's source and options, kept
         in each `.written` marker, so a reused root whose models an older generator wrote (a
         Qwen3-Next where the hybrid is now a Qwen3.5) gets them written again."""
-        sources = sorted(TRAINED.glob("*.py")) if self.size_name == "trained" else [
-            Path(__file__).with_name("models.py")
-        ]  # fmt: skip
-        digest = hashlib.sha256(f"{self.size_name} toy={self.toy}".encode())
+        size = size or self.size_name
+        inflate = TRAINED / "inflate.py"
+        sources = sorted(p for p in TRAINED.glob("*.py") if p != inflate)
+        if size in INFLATED:
+            sources.append(inflate)
+        elif not size.startswith("trained"):
+            sources = [Path(__file__).with_name("models.py")]
+        digest = hashlib.sha256(f"{size} toy={self.toy}".encode())
         for source in sources:
             digest.update(source.read_bytes())
         return digest.hexdigest() + "\n"
@@ -285,7 +310,7 @@ class Lab:
         python = str(self.venv / "bin" / "python")
         self.prompt_set = validation_prompts(python, self._argv([])[1:])
         self.prompts = len(self.prompt_set)
-        if self.size_name != "trained":
+        if not self.size_name.startswith("trained"):
             self.long_answers = [
                 f"validation.prompts.{i}.max_new_tokens={LONG_ANSWER}" for i in range(self.prompts)
             ]
@@ -422,7 +447,7 @@ class Server:
 
 def model_option(target: str, size: str) -> str:
     """The conf/model option of the lab's `target` at `size` (lab_attention, lab_hybrid_realistic)."""
-    return f"model=lab_{target}" + ("" if size == "tiny" else f"_{size}")
+    return f"model=lab_{target}" + ("" if size == "tiny" else f"_{size.replace('-', '_')}")
 
 
 def cell_overrides(target: str, size: str, algo: str, extra: Sequence[str]) -> list[str]:
@@ -607,7 +632,7 @@ def shared_gpu_overrides(
 ) -> list[list[str]]:
     """Each cell's overrides for servers that share the GPU at once: its own port (30000 on)
     and the size's caps on each server's share."""
-    return [[*cell_overrides(target, lab.size_name, spec.algo, [*base, *spec.width]),
+    return [[*cell_overrides(target, spec.size or lab.size_name, spec.algo, [*base, *spec.width]),
              *lab.size.shared_gpu, f"service.port={30000 + i}"] for i, spec in enumerate(specs)]  # fmt: skip
 
 
@@ -675,7 +700,10 @@ class OverheadPlan:
     Without `gates`, round 0 is one wave per server over HTTP: it warms each batch shape and
     sizes the later passes as the validate does, in seconds instead of a validate's 16 to 20.
     `target` is the lab model they serve: attention, or hybrid (issue 22's recurrent-state
-    steps)."""
+    steps). Without `shadow` no shadow_linear server (an inflated 27B: two servers fit the GPU).
+    With `small` (an inflated size), the trained pair it was grown from is served beside, DFLASH
+    and the widest tree, in rounds 0 and 1 only: their acceptance beside the inflated servers',
+    which computes the same function, is the check that the inflation kept it in bf16."""
 
     rounds: int
     budgets: tuple[str, ...] = ()
@@ -684,17 +712,35 @@ class OverheadPlan:
     control: bool = False
     gates: bool = True
     target: str = "attention"
+    shadow: bool = True
+    small: bool = False
+    gate_levels: tuple[int, ...] | None = None  # where round 0 validates (None: every level)
+
+    def gated(self, level: int) -> bool:
+        """Whether round 0 at `level` is the product's validate (else one wave over HTTP)."""
+        return self.gates and (self.gate_levels is None or level in self.gate_levels)
 
 
-def overhead_cells(budgets: Sequence[str], *, control: bool = False) -> dict[str, CellSpec]:
+def overhead_cells(
+    budgets: Sequence[str], *, control: bool = False, shadow: bool = True, small: bool = False
+) -> dict[str, CellSpec]:
     """The interleaved comparison's servers: DFLASH first (its round-0 pass stores the baseline
-    the others are held to), with `control` a second DFLASH, shadow_linear, and a tree server per
-    budget."""
+    the others are held to), with `control` a second DFLASH, shadow_linear (unless not
+    `shadow`), a tree server per budget, and with `small` the trained pair's own DFLASH and
+    widest tree."""
     cells = {"dflash": CellSpec("dflash")}
     if control:
         cells[CONTROL] = CellSpec("dflash")
-    cells["ddtree_shadow"] = CellSpec("ddtree_shadow")
+    if shadow:
+        cells["ddtree_shadow"] = CellSpec("ddtree_shadow")
     cells.update({f"ddtree-{b}": CellSpec("ddtree", (f"algo.budget={b}",)) for b in budgets})
+    if small:
+        cells[f"{SMALL}dflash"] = CellSpec("dflash", size="trained")
+        if budgets:
+            widest = max(budgets, key=int)
+            cells[f"{SMALL}ddtree-{widest}"] = CellSpec(
+                "ddtree", (f"algo.budget={widest}",), size="trained"
+            )
     return cells
 
 
@@ -714,7 +760,7 @@ def run_overhead(
     rounds are timed passes straight over HTTP (speed.py), as many requests as DFLASH's round 0
     answered in about `plan.pass_s` seconds, the same for every server, the order rotating per
     round, so drift of the machine falls on all alike."""
-    specs = overhead_cells(plan.budgets, control=plan.control)
+    specs = overhead_cells(plan.budgets, control=plan.control, shadow=plan.shadow, small=plan.small)
     overrides = shared_gpu_overrides(lab, plan.target, list(specs.values()), base)
     cells = dict(zip(specs, overrides, strict=True))
     servers = {name: lab.start(f"overhead-{name}", o) for name, o in cells.items()}
@@ -734,14 +780,18 @@ def run_overhead(
             for level in dict.fromkeys(plan.levels):
                 repeats = in_flight_repeats(level, lab.prompts)
                 requests = repeats * lab.prompts  # round 0: what a validate pass sends
-                if rnd == 0 and not plan.gates:
+                if rnd == 0 and not plan.gated(level):
                     requests = level  # one wave: each batch shape's first requests
                 if rnd > 0:
                     answer_tokens = statistics.mean(p["max_new_tokens"] for p in lab.prompt_set)
                     requests = pass_requests(level, plan.pass_s, warm[level], answer_tokens)
-                shift = max(rnd - 1, 0) % len(order)
-                for name in order[shift:] + order[:shift]:
-                    if rnd == 0 and plan.gates and name != CONTROL:
+                for name in round_order(order, rnd):
+                    if (
+                        rnd == 0
+                        and plan.gated(level)
+                        and name != CONTROL
+                        and not name.startswith(SMALL)
+                    ):
                         step = lab.tool(f"overhead-r0-c{level}-{name}", *cells[name],
                                         *validation_overrides(level, repeats), "action=validate")  # fmt: skip
                         run = summarize(step.report(lab.runs), step.exit_code)
@@ -765,6 +815,15 @@ def run_overhead(
             profile_servers(lab, servers, timelines, save)
     finally:
         lab.stop(*servers.values())
+
+
+def round_order(servers: Sequence[str], rnd: int) -> list[str]:
+    """The servers a round times, in its order: rotated one place a round from round 2 (round 1
+    goes DFLASH first, as round 0 did), the small pair's only in rounds 0 and 1 (their acceptance
+    is what they are there for)."""
+    shift = max(rnd - 1, 0) % len(servers)
+    rotated = [*servers[shift:], *servers[:shift]]
+    return [name for name in rotated if rnd <= 1 or not name.startswith(SMALL)]
 
 
 def profile_servers(
@@ -965,9 +1024,16 @@ def main() -> int:
     parser.add_argument("--control", action="store_true",
                         help="with --overhead: a second DFLASH server, the lab's own spread "
                         "between identical servers (A/A) beside every ratio")  # fmt: skip
+    parser.add_argument("--gate-levels", help="with --overhead: round 0 validates at these levels "
+                        "only (e.g. 1), one wave at the others")  # fmt: skip
     parser.add_argument("--no-gates", action="store_true",
                         help="with --overhead: round 0 one untimed wave per server instead of the "
                         "product's validate (a follow-up call whose gates an earlier one passed)")  # fmt: skip
+    parser.add_argument("--no-shadow", action="store_true",
+                        help="with --overhead: no shadow_linear server (room for a 27B pair)")  # fmt: skip
+    parser.add_argument("--small-beside", action="store_true",
+                        help="with --overhead at an inflated size: the trained pair's own DFLASH "
+                        "and widest tree beside, rounds 0 and 1 (their acceptance)")  # fmt: skip
     parser.add_argument("--no-batch-1", action="store_true",
                         help="with --overhead: only the --in-flight levels, not batch 1")  # fmt: skip
     parser.add_argument("--profile", action="store_true",
@@ -991,16 +1057,7 @@ def main() -> int:
     targets = lab_targets(
         args.targets, overhead=bool(args.overhead), tune=args.tune, error=parser.error
     )
-    if args.size == "trained" and targets != ["attention"]:
-        parser.error("--size trained has one target: give --targets attention")
-    if args.profile and not args.overhead:
-        parser.error("--profile profiles the interleaved comparison's servers: add --overhead 1")
-    for flag in ("control", "no_gates", "no_batch_1"):
-        if getattr(args, flag) and not args.overhead:
-            parser.error(f"--{flag.replace('_', '-')} is an option of the interleaved comparison: "
-                         "add --overhead ROUNDS")  # fmt: skip
-    if args.no_batch_1 and not overhead_levels(args.in_flight, batch_1=False):
-        parser.error("--no-batch-1 leaves no level: name some with --in-flight, e.g. 32")
+    check_flags(args, targets, parser.error)
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
@@ -1046,7 +1103,10 @@ def main() -> int:
             plan = OverheadPlan(args.overhead, tuple(b for b in args.budgets.split(",") if b),
                                 overhead_levels(args.in_flight, batch_1=not args.no_batch_1),
                                 args.pass_seconds, args.control, gates=not args.no_gates,
-                                target=targets[0])  # fmt: skip
+                                target=targets[0], shadow=not args.no_shadow,
+                                small=args.small_beside,
+                                gate_levels=None if args.gate_levels is None
+                                else tuple(in_flight_levels(args.gate_levels)))  # fmt: skip
             results["overhead_target"] = plan.target
             timelines = results.setdefault("timeline", {}) if args.profile else None
             run_overhead(lab, plan, base, results["overhead"], save, timelines)
@@ -1059,6 +1119,25 @@ def main() -> int:
         save()
     print((args.out / "results.md").read_text())
     return 0
+
+
+def check_flags(
+    args: argparse.Namespace, targets: list[str], error: Callable[[str], NoReturn]
+) -> None:
+    """Refuse, through `error`, flags that do not go together."""
+    if args.size.startswith("trained") and targets != ["attention"]:
+        error(f"--size {args.size} has one target: give --targets attention")
+    if args.profile and not args.overhead:
+        error("--profile profiles the interleaved comparison's servers: add --overhead 1")
+    for flag in ("control", "no_gates", "no_batch_1", "no_shadow", "small_beside", "gate_levels"):
+        if getattr(args, flag) not in (None, False) and not args.overhead:
+            error(f"--{flag.replace('_', '-')} is an option of the interleaved comparison: "
+                  "add --overhead ROUNDS")  # fmt: skip
+    if args.small_beside and args.size not in INFLATED:
+        error(f"--small-beside serves the pair an inflated size grew from: give --size "
+              f"{' or '.join(INFLATED)}")  # fmt: skip
+    if args.no_batch_1 and not overhead_levels(args.in_flight, batch_1=False):
+        error("--no-batch-1 leaves no level: name some with --in-flight, e.g. 32")
 
 
 def in_flight_levels(option: str) -> list[int]:

@@ -121,7 +121,7 @@ def test_batched_passes_keep_every_level_in_flight_for_at_least_four_passes() ->
 @pytest.mark.parametrize(
     ("size", "target"),
     [(size, target) for size in sorted(SIZES)
-     for target in (["attention"] if size == "trained" else ["attention", "hybrid"])],
+     for target in (["attention"] if size.startswith("trained") else ["attention", "hybrid"])],
 )  # fmt: skip
 def test_every_size_composes_on_the_lab_host(size: str, target: str) -> None:
     service = f"service={SIZES[size].service}"
@@ -529,7 +529,65 @@ def test_the_control_is_a_second_dflash_timed_like_the_others_that_stores_no_bas
                                                                  "ddtree_shadow"}  # fmt: skip
 
 
-@pytest.mark.parametrize("flag", ["--control", "--profile", "--no-gates", "--no-batch-1"])
+def test_an_inflated_size_serves_its_pair_beside_the_small_pair_it_grew_from_in_rounds_0_and_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--size trained-8b --small-beside --no-shadow: DFLASH and the trees on the inflated pair,
+    the trained pair's own DFLASH and widest tree beside them (their acceptance is the check
+    that the inflation kept it), timed in rounds 0 and 1 only and never validated; no
+    shadow_linear server."""
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {},
+                                                                "tokens_per_s": 100.0})  # fmt: skip
+    timed: list[tuple[str, int]] = []
+
+    def timed_pass(url: str, prompts: object, **kw: int) -> dict[str, object]:
+        timed.append((url.rsplit(":", 1)[1], kw["level"]))
+        return {"requests": kw["requests"], "tokens": 800, "tokens_per_s": 100.0}
+
+    monkeypatch.setattr(run, "timed_pass", timed_pass)
+    lab = _overhead_lab(tmp_path)
+    lab.size_name, lab.size = "trained-8b", run.SIZES["trained-8b"]
+    plan = run.OverheadPlan(3, ("15", "63"), levels=(1, 8), shadow=False, small=True,
+                            gate_levels=(1,))  # fmt: skip
+    run.run_overhead(lab, plan, [], [], lambda: None)
+    assert list(lab.started) == ["overhead-dflash", "overhead-ddtree-15", "overhead-ddtree-63",
+                                 "overhead-small-dflash", "overhead-small-ddtree-63"]  # fmt: skip
+    paths = {label: compose_config([*LAB, "service=lab_inflated", *o]).model.target_path
+             for label, o in lab.started.items()}  # fmt: skip
+    assert paths["overhead-ddtree-63"].endswith("/models/trained-8b/attention/target")
+    assert paths["overhead-small-ddtree-63"].endswith("/models/trained/attention/target")
+    assert [name for name, _ in lab.calls] == ["overhead-r0-c1-dflash", "overhead-r0-c1-ddtree-15",
+                                               "overhead-r0-c1-ddtree-63"]  # fmt: skip
+    small_ports = {"30003", "30004"}
+    assert sorted(t for t in timed if t[0] in small_ports) == [
+        ("30003", 1), ("30003", 1), ("30003", 8), ("30003", 8),
+        ("30004", 1), ("30004", 1), ("30004", 8), ("30004", 8),
+    ]  # fmt: skip
+    # DFLASH: validated at batch 1 in round 0 (--gate-levels 1), a wave at 8, then rounds 1, 2
+    assert sorted(t for t in timed if t[0] == "30000") == [("30000", 1), ("30000", 1),
+                                                            ("30000", 8), ("30000", 8), ("30000", 8)]  # fmt: skip
+
+
+def test_small_beside_on_a_size_that_was_not_inflated_is_refused_in_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["run.py", "--out", str(out), "--overhead", "2", "--size", "trained", "--small-beside"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        run.main()
+    assert exited.value.code == 2
+    assert (
+        "error: --small-beside serves the pair an inflated size grew from"
+        in capsys.readouterr().err
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--control", "--profile", "--no-gates", "--no-batch-1", "--no-shadow", "--small-beside"],
+)
 def test_a_flag_of_the_interleaved_comparison_without_it_is_refused_in_one_sentence(
     flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -538,7 +596,7 @@ def test_a_flag_of_the_interleaved_comparison_without_it_is_refused_in_one_sente
     with pytest.raises(SystemExit) as exited:
         run.main()
     assert exited.value.code == 2
-    assert f"error: {flag} " in capsys.readouterr().err
+    assert f"error: {flag.split('=')[0]} " in capsys.readouterr().err
     assert not out.exists()  # refused before anything is installed or written
 
 

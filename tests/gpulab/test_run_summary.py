@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpulab.tables import main as tables_main
 from gpulab.tables import (
+    inflation_table,
     matrix_table,
     median_interval,
     overhead_table,
@@ -23,6 +23,7 @@ from gpulab.tables import (
     summarize,
     timeline_table,
 )
+from gpulab.tables import main as tables_main
 
 RECORDED = Path(__file__).with_name("recorded")
 
@@ -289,3 +290,20 @@ def test_the_pooled_table_reads_the_results_the_gpu_lab_wrote() -> None:
     assert [row.split(" | ")[5] for row in alone] == ["23", "3"]
     together = next(r for r in pooled_table(calls) if r.startswith(shadow_at_batch_1))
     assert together.split(" | ")[4:6] == ["2", "26"]  # two calls, their rounds together
+
+
+def test_the_inflation_table_sets_the_trained_pairs_acceptance_beside_the_inflated_pairs() -> None:
+    """--small-beside: per level, each small server's token-weighted acceptance beside its
+    inflated counterpart's over all their passes, and their ratio; the small servers stay out
+    of the noise table (timed in two rounds, not every round)."""
+    passes = [
+        {"algo": "dflash", "round": 1, "concurrency": 1, "tokens": 400, "accept_length": 4.0},
+        {"algo": "dflash", "round": 2, "concurrency": 1, "tokens": 600, "accept_length": 5.0},
+        {"algo": "small-dflash", "round": 1, "concurrency": 1, "tokens": 500, "accept_length": 5.0},
+        {"algo": "ddtree-63", "round": 1, "concurrency": 1, "tokens": 600, "accept_length": 6.0},
+    ]
+    lines = inflation_table(passes)
+    # inflated DFLASH: 1000 tokens over 100 + 120 steps; small: 500 over 100
+    assert lines[2] == "| 1 | dflash | 4.5455 | 5.0 | 0.9091 |"
+    assert len(lines) == 3  # ddtree-63 had no small server beside it
+    assert inflation_table(passes[:2]) == []

@@ -140,6 +140,15 @@ def test_deploy_killed_at_boundary_is_finished_or_undone_by_next_run(
         assert left in (old_unit, new_unit)
         litter = host.run(["sh", "-c", "ls -a /etc/systemd/system | grep -c tmp || true"])
         assert litter.stdout.strip() == "0"
+        # Status tells the stopped run, the steps it got to and what the next run does.
+        stopped = host_status(base, host).interrupted
+        if where == "preflight":  # before the generation was recorded: nothing changed
+            assert stopped is None
+        else:
+            assert stopped is not None and stopped.what == "deploy of generation 2"
+            assert stopped.next_run.startswith("action=deploy finishes generation 2 ")
+            assert stopped.next_run.endswith("action=rollback undoes it, back to generation 1.")
+            assert ("unit" in stopped.started) is (BOUNDARIES.index(where) > 2)
 
         if then == "deploy":
             deploy(lab.config(name, tmp_path, "algo=ddtree"), host)

@@ -104,8 +104,17 @@ def test_preflight_refuses_missing_python_with_what_to_do() -> None:
     report = run_preflight(cfg, facts)
     assert report.refusals == [
         "There is no Python at /nowhere/bin/python on local; run "
-        "`ddtree-deploy host=local action=prepare` to build it."
+        f"`ddtree-deploy host=local sglang.version={cfg.sglang.version} action=prepare` to "
+        "build it."
     ]
+
+
+def test_missing_staging_venv_hint_names_the_release_asked_for() -> None:
+    """Without the version the hint's prepare would build the host's default release instead."""
+    cfg = compose_config(["sglang.version=0.9.99"])
+    facts = HostFacts(host="local", python_path="/nowhere/bin/python")
+    (refusal,) = run_preflight(cfg, facts).refusals
+    assert "`ddtree-deploy host=local sglang.version=0.9.99 action=prepare`" in refusal
 
 
 def test_preflight_refuses_release_without_patch_set(ct200: DeployConfig) -> None:
