@@ -148,6 +148,7 @@ def _print_config(cfg: DeployConfig, members: list[FleetMember]) -> None:
             api_key = None
         tree = OmegaConf.to_container(OmegaConf.structured(host_cfg), enum_to_str=True)
         masked = _map_strings(tree, api_key.mask) if api_key else tree
+        assert isinstance(masked, dict)  # a structured config's container is a mapping
         text = OmegaConf.to_yaml(OmegaConf.create(masked))  # quotes '***', a YAML alias bare
         console.stdout.print(text, markup=False, highlight=False, soft_wrap=True, end="")
 

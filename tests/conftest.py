@@ -15,6 +15,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # --import-mode=importlib leaves sys.path alone
     sys.path.insert(0, _TESTS_DIR)
 
+from fast_loop import HeavyReach, heavy_reason  # noqa: E402
 from hostlab import (  # noqa: E402
     Container,
     TestHost,
@@ -38,6 +39,16 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "clone: runs tests in a fresh clone of this checkout under /tmp (minutes)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "fast: needs no container, staging venv or SGLang wheel (set at collection from the "
+        "test's code, tests/fast_loop.py; `-m fast`, scripts/test --fast)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "slow(reason): keep a test out of the fast loop although it needs no heavy part; "
+        "say why (its measured time)",
     )
 
 
@@ -130,5 +141,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScope
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The clone test takes minutes on its own: first of the one-test units, not last."""
+    """Mark the fast loop's tests `fast` (tests/fast_loop.py says which); the clone test takes
+    minutes on its own: first of the one-test units, not last."""
+    reach = HeavyReach()
+    for item in items:
+        if heavy_reason(item, reach) is None:
+            item.add_marker(pytest.mark.fast)
     items.sort(key=lambda item: item.get_closest_marker("clone") is None)

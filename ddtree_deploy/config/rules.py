@@ -6,22 +6,34 @@ import re
 
 from packaging.version import InvalidVersion, Version
 
+from ddtree_deploy.config.ranges import range_problems
 from ddtree_deploy.config.schema import (
     ACTIONS,
     FLEET_ACTIONS,
-    GATE_TIMINGS,
     Algo,
     DeployConfig,
     Transport,
     TreeMode,
     ValidationConfig,
 )
+from ddtree_deploy.config.text import text_problems
 from ddtree_deploy.errors import ConfigError
 
 _TORCH_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 _CUDA_VERSION = re.compile(r"^\d+\.\d+$")
 _PYTHON_VERSION = re.compile(r"^3\.\d+$")
 _GPU_ARCH = re.compile(r"^sm_\d+[a-z]?$")
+# host.name (and fleet.name) names run folders, state files and journals: a file-name-safe word.
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# service.unit_name is a systemd unit name (<name>.service, SyslogIdentifier=), without the
+# template `@` and escapes that systemd.unit(5) also allows.
+_UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+# service.user is User=: a user name as systemd takes it strictly (systemd.exec(5)) or a UID.
+_USER = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]{0,30}\$?|[0-9]{1,10})$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Characters systemd refuses in ExecStart's program path (quotes, backslash) or would not treat
+# as in its arguments ($ is not expanded in the path but is in argv[0]).
+PROGRAM_UNSAFE = "\"'\\$"
 
 
 # What the DDTree tree kernel takes per position (ddtree_kernels.reference.check_tree_limits,
@@ -32,7 +44,12 @@ _KEY_FLAGS = ("--api-key", "--admin-api-key")
 
 
 def check_config(cfg: DeployConfig) -> None:
-    """Raise `ConfigError` for the first broken rule; return quietly when the config is sound."""
+    """Raise `ConfigError` for the first broken rule; return quietly when the config is sound.
+
+    Every number (finite, in its field's range: `config.ranges`) and every string (no control
+    character: `config.text`) is checked first, so the rules below never compare a nan."""
+    for problem in (*range_problems(cfg), *text_problems(cfg)):
+        raise ConfigError(problem)
     for problem in _problems(cfg):
         raise ConfigError(problem)
 
@@ -90,9 +107,45 @@ def _gpu_problems(cfg: DeployConfig) -> list[str]:
     return []
 
 
+def _shown(value: str) -> str:
+    """`value` quoted for a sentence, cut short when long (a 10,000-character name)."""
+    return repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
+
+
+# What a Linux file system takes: bytes in one name of a path (NAME_MAX) and in a path (PATH_MAX).
+_NAME_MAX, _PATH_MAX = 255, 4095
+
+
+def _path_problems(key: str, path: str) -> list[str]:
+    """A folder the unit names on the host: absolute, and short enough to exist there."""
+    if not path.startswith("/"):
+        return [f"{key}={_shown(path)} is not an absolute path; give the folder's full path."]
+    too_long = len(path.encode()) > _PATH_MAX or any(
+        len(part.encode()) > _NAME_MAX for part in path.split("/")
+    )
+    if too_long:
+        return [
+            f"{key}={_shown(path)} is too long for a file system: at most {_NAME_MAX} bytes a "
+            f"folder name and {_PATH_MAX} in all."
+        ]
+    return []
+
+
 def _host_problems(cfg: DeployConfig) -> list[str]:
     host = cfg.host
     problems = []
+    if not _HOST_NAME.match(host.name):
+        problems.append(
+            f"host.name={_shown(host.name)} cannot name the host's run folders and files: give "
+            "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
+        )
+    problems += _path_problems("host.sglang_venv", host.sglang_venv)
+    if unsafe := ", ".join(map(repr, sorted(set(host.sglang_venv) & set(PROGRAM_UNSAFE)))):
+        problems.append(
+            f"host.sglang_venv={_shown(host.sglang_venv)} holds {unsafe}, which "
+            "systemd does not take in the program path of ExecStart=; give the venv a path "
+            "without quotes, backslashes or $."
+        )
     if host.transport is Transport.ssh and not host.address:
         problems.append(
             f"host.address is missing for host {host.name} (transport ssh); "
@@ -124,9 +177,9 @@ def _algo_problems(cfg: DeployConfig) -> list[str]:
         ]
     if algo.name is not Algo.DDTREE:
         return []
-    if not 1 <= algo.budget <= max_tree_budget(cfg):
+    if algo.budget > max_tree_budget(cfg):
         return [f"algo.budget={algo.budget} is out of range: {_budget_range(cfg)}."]
-    if not 1 <= algo.topk <= min(algo.budget, KERNEL_MAX_TOPK):
+    if algo.topk > min(algo.budget, KERNEL_MAX_TOPK):
         return [
             f"algo.topk={algo.topk} is out of range: it must be between 1 and "
             + (
@@ -190,15 +243,34 @@ _BACKEND_FLAGS = (
 )
 
 
-def _service_problems(cfg: DeployConfig) -> list[str]:
-    cap = cfg.service.max_total_tokens
-    problems = (
-        [f"service.max_total_tokens={cap} must be a positive token count (or null for no cap)."]
-        if cap is not None and cap < 1
-        else []
-    )
-    # A key there would stand in the 0644 unit file and on the server's command line.
+def _unit_problems(cfg: DeployConfig) -> list[str]:
+    """What the unit and its environment file are named by and hold verbatim (not quotable)."""
+    svc = cfg.service
+    problems = []
+    if not _UNIT_NAME.match(svc.unit_name):
+        problems.append(
+            f"service.unit_name={_shown(svc.unit_name)} is not a systemd unit name: give 1 to "
+            "128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit."
+        )
+    if not _USER.match(svc.user):
+        problems.append(
+            f"service.user={_shown(svc.user)} is not a user name systemd's User= takes: give a "
+            "name of letters, digits, '_' and '-' (not starting with a digit or '-'), or a UID."
+        )
+    problems += _path_problems("service.unit_dir", svc.unit_dir)
+    problems += _path_problems("service.env_dir", svc.env_dir)
     problems += [
+        f"service.environment has the key {_shown(name)}, which is not an environment variable "
+        "name: use letters, digits and '_', not starting with a digit."
+        for name in svc.environment
+        if not _ENV_NAME.match(name)
+    ]
+    return problems
+
+
+def _service_problems(cfg: DeployConfig) -> list[str]:
+    # A key there would stand in the 0644 unit file and on the server's command line.
+    problems = _unit_problems(cfg) + [
         f"service.extra_args holds {flag}, which would put a key in the unit file and on the "
         "server's command line; give the API key through service.api_key_env or "
         "service.api_key_file."
@@ -229,16 +301,6 @@ def _sglang_problems(cfg: DeployConfig) -> list[str]:
 def _tie_rule_problems(val: ValidationConfig) -> list[str]:
     """The tree gate's tie rule: a tolerance in nats and how far the noise floor widens it."""
     problems = []
-    if val.tie_tolerance < 0:
-        problems.append(
-            f"validation.tie_tolerance={val.tie_tolerance} must be at least 0 (nats; 0 asks "
-            "every tree token to be the target's top-1)."
-        )
-    if val.tie_noise_factor < 1:
-        problems.append(
-            f"validation.tie_noise_factor={val.tie_noise_factor} must be at least 1 (a tree is "
-            "allowed at least linear DFlash's own worst gap)."
-        )
     if val.max_tie_tolerance < val.tie_tolerance:
         problems.append(
             f"validation.max_tie_tolerance={val.max_tie_tolerance} must be at least "
@@ -249,38 +311,12 @@ def _tie_rule_problems(val: ValidationConfig) -> list[str]:
 
 def _validation_problems(cfg: DeployConfig) -> list[str]:
     val = cfg.validation
-    problems = []
-    if val.min_speedup <= 0:
-        problems.append(f"validation.min_speedup={val.min_speedup} must be above 0.")
-    if not 0 <= val.acceptance_tolerance < 1:
-        problems.append(
-            f"validation.acceptance_tolerance={val.acceptance_tolerance} must be in [0, 1)."
-        )
-    problems += _tie_rule_problems(val)
-    if not 0 < val.collapse_ratio <= 1:
-        problems.append(f"validation.collapse_ratio={val.collapse_ratio} must be in (0, 1].")
-    if val.repeats < 1:
-        problems.append(f"validation.repeats={val.repeats} must be at least 1.")
-    if val.concurrency < 1:
-        problems.append(f"validation.concurrency={val.concurrency} must be at least 1.")
-    if val.min_pass_s < 0:
-        problems.append(f"validation.min_pass_s={val.min_pass_s} must be at least 0 (seconds).")
-    for gate in GATE_TIMINGS:
-        timing = getattr(val, gate)
-        if timing.timeout_s <= 0 or timing.interval_s <= 0 or timing.initial_delay_s < 0:
-            problems.append(
-                f"validation.{gate} needs timeout_s > 0, interval_s > 0 and initial_delay_s >= 0."
-            )
+    problems = _tie_rule_problems(val)
     if not val.prompts:
         problems.append("validation.prompts is empty; the shadow and tree gates need prompts.")
     names = [p.name for p in val.prompts]
     if len(set(names)) != len(names):
         problems.append("validation.prompts has duplicate names; name each prompt once.")
-    problems += [
-        f"validation.prompts[{p.name}].max_new_tokens={p.max_new_tokens} must be at least 1."
-        for p in val.prompts
-        if p.max_new_tokens < 1
-    ]
     return problems
 
 
@@ -304,18 +340,16 @@ def _tune_problems(cfg: DeployConfig) -> list[str]:
             return [f"tune.{key} is empty; give at least one value, e.g. tune.{key}=[4]."]
         if len(set(values)) != len(values):
             return [f"tune.{key}={list(values)} lists a value twice; name each once."]
-    if bad := [b for b in tune.budgets if not 1 <= b <= max_tree_budget(cfg)]:
+    if bad := [b for b in tune.budgets if b > max_tree_budget(cfg)]:
         return [
             f"tune.budgets={list(tune.budgets)} has {bad[0]} out of range: {_budget_range(cfg)}."
         ]
-    if bad := [k for k in tune.topks if not 1 <= k <= min(max(tune.budgets), KERNEL_MAX_TOPK)]:
+    if bad := [k for k in tune.topks if k > min(max(tune.budgets), KERNEL_MAX_TOPK)]:
         return [
             f"tune.topks={list(tune.topks)} has {bad[0]} out of range: each top-k must be between "
             f"1 and the largest budget in tune.budgets ({max(tune.budgets)}), or it names no "
             f"candidate, and at most {KERNEL_MAX_TOPK} (what the DDTree tree kernel takes)."
         ]
-    if bad := [c for c in tune.concurrency if c < 1]:
-        return [f"tune.concurrency={list(tune.concurrency)} has {bad[0]}: each must be at least 1."]
     return []
 
 
@@ -324,6 +358,11 @@ def _fleet_problems(cfg: DeployConfig) -> list[str]:
     fleet = cfg.fleet
     if fleet is None:
         return []
+    if not _HOST_NAME.match(fleet.name):  # it names the fleet's run folders and journal
+        return [
+            f"fleet.name={_shown(fleet.name)} cannot name the fleet's run folders and journal: "
+            "give 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
+        ]
     if cfg.action not in FLEET_ACTIONS:
         return [
             f"action={cfg.action} acts on one host, not on fleet {fleet.name}; a fleet runs "
@@ -341,8 +380,4 @@ def _fleet_problems(cfg: DeployConfig) -> list[str]:
         ]
     if len(set(fleet.canary)) != len(fleet.canary):
         return [f"fleet {fleet.name}'s canary {list(fleet.canary)} names a host twice."]
-    if fleet.batch_size < 1:
-        return [f"fleet.batch_size={fleet.batch_size}: a batch holds at least one host."]
-    if fleet.max_failures < 0:
-        return [f"fleet.max_failures={fleet.max_failures}: give 0 (stop at the first) or more."]
     return []

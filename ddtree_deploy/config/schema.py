@@ -1,7 +1,8 @@
 """Typed schemas for every config group, registered in Hydra's ConfigStore.
 
 The YAML files under `conf/` carry the values; these dataclasses carry the types, so a wrong type
-or an unknown key fails at compose time. Cross-field rules live in `config.rules`.
+or an unknown key fails at compose time. Each numeric field declares its range with `ranged`
+(checked by `config.ranges`); rules between fields live in `config.rules`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from enum import StrEnum
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from ddtree_deploy.config.ranges import ranged
+from ddtree_deploy.config.text import multiline
 
 
 class Algo(StrEnum):
@@ -49,7 +53,7 @@ class GpuConfig:
 
     name: str = MISSING  # product name as nvidia-smi prints it ("none" for a host without GPUs)
     arch: str = MISSING  # "sm_120"; "" when there is no GPU
-    memory_gb: int = MISSING
+    memory_gb: int = ranged(at_least=0, why="0 for a host without GPUs")
 
 
 @dataclass
@@ -70,8 +74,8 @@ class ModelConfig:
     target_path: str = MISSING
     draft_path: str = MISSING
     hybrid: bool = MISSING  # attention + recurrent (GDN/Mamba) layers
-    draft_block_size: int = 16  # the drafter's trained block size
-    context_length: int = 32768
+    draft_block_size: int = ranged(16, at_least=1)  # the drafter's trained block size
+    context_length: int = ranged(32768, at_least=1, why="tokens")
 
 
 @dataclass
@@ -80,11 +84,11 @@ class AlgoConfig:
 
     name: Algo = MISSING
     mode: TreeMode = TreeMode.tree
-    block_size: int = 16  # the drafter's DFlash block
+    block_size: int = ranged(16, at_least=1)  # the drafter's DFlash block
     # Non-root tree nodes verified per step: 1..block_size - 1, or up to the release's
     # sglang.ddtree_max_budget where its patch set widens the verify to budget + 1 tokens.
-    budget: int = 15
-    topk: int = 4  # children kept per draft position, <= budget
+    budget: int = ranged(15, at_least=1)
+    topk: int = ranged(4, at_least=1)  # children kept per draft position, <= budget
     allow_hybrid_unsafe: bool = False
 
 
@@ -110,7 +114,7 @@ class SglangConfig:
     # the set keeps the verify width at the drafter's block size. A number: the set widens the
     # tree verify to budget + 1 tokens (the drafter keeps its block); per-request custom-mask,
     # logits and hybrid recurrent-state buffers then grow with the width.
-    ddtree_max_budget: int | None = None
+    ddtree_max_budget: int | None = ranged(None, at_least=1)
 
 
 @dataclass
@@ -120,14 +124,14 @@ class HostConfig:
     name: str = MISSING
     transport: Transport = Transport.ssh
     address: str | None = None
-    port: int = 22
+    port: int = ranged(22, at_least=1, at_most=65535)
     user: str = "root"
     key_file: str | None = None
-    connect_timeout_s: float = 10.0
-    command_timeout_s: float = 900.0
+    connect_timeout_s: float = ranged(10.0, above=0, why="seconds")
+    command_timeout_s: float = ranged(900.0, above=0, why="seconds")
     sudo: bool = False  # prefix privileged commands with sudo (non-root users)
-    gpu_count: int = 0  # GPUs the host must have
-    gpu_ids: list[int] = field(default_factory=list)  # which of them the service uses
+    gpu_count: int = ranged(0, at_least=0)  # GPUs the host must have
+    gpu_ids: list[int] = ranged(factory=list, at_least=0)  # which of them the service uses
     sglang_venv: str = MISSING  # the venv SGLang runs from; its bin/python is probed
     state_dir: str = "/var/lib/ddtree-deploy"
     staging: bool = False  # no GPU: reference-only kernels, GPU checks become notes
@@ -139,13 +143,14 @@ class ServiceConfig:
     """The systemd service that runs SGLang (rendered from templates/sglang.*.j2)."""
 
     unit_name: str = "sglang"
-    port: int = 30000
+    port: int = ranged(30000, at_least=1, at_most=65535)
     listen_host: str = "127.0.0.1"  # SGLang's --host
-    mem_fraction_static: float = 0.85
+    mem_fraction_static: float = ranged(0.85, above=0, at_most=1)
     # --max-total-tokens: caps the KV pool below what mem_fraction_static would give, so that
     # several servers can share one GPU (each sizes its pool from the memory free at start).
-    max_total_tokens: int | None = None
-    tp_size: int = 8
+    max_total_tokens: int | None = ranged(None, at_least=1, why="tokens; null for no cap")
+    # GPUs the server splits the model over; 0 only for a stand-in server without GPUs (tests).
+    tp_size: int = ranged(8, at_least=0)
     # The module `python -m` runs from the host's SGLang venv; tests point it at a stand-in.
     launch_module: str = "sglang.launch_server"
     extra_args: list[str] = field(default_factory=list)  # appended to ExecStart, each quoted
@@ -160,14 +165,19 @@ class ServiceConfig:
     # reaches the host only in the 0600 env file (docs/security.md).
     api_key_env: str | None = None
     api_key_file: str | None = None
-    start_timeout_s: int = 1800  # TimeoutStartSec: loading a 27B model and its draft
-    stop_timeout_s: int = 120
-    restart_delay_s: int = 10  # RestartSec
-    limit_nofile: int = 1048576
-    active_wait_s: float = 600.0  # how long deploy waits for the unit to become active
-    settle_s: float = 10.0  # active with the same main PID this long counts as started
-    journal_lines: int = 30  # journal lines reported when the unit fails to start
-    max_exposure: float = 6.0  # `systemd-analyze security` exposure must stay at or below
+    # TimeoutStartSec: loading a 27B model and its draft
+    start_timeout_s: int = ranged(1800, above=0, why="seconds")
+    stop_timeout_s: int = ranged(120, above=0, why="seconds")
+    restart_delay_s: int = ranged(10, at_least=0, why="seconds")  # RestartSec
+    limit_nofile: int = ranged(1048576, at_least=1)
+    # How long deploy waits for the unit to become active.
+    active_wait_s: float = ranged(600.0, above=0, why="seconds")
+    # Active with the same main PID this long counts as started.
+    settle_s: float = ranged(10.0, at_least=0, why="seconds")
+    # Journal lines reported when the unit fails to start.
+    journal_lines: int = ranged(30, at_least=0)
+    # `systemd-analyze security` exposure (0 to 10) must stay at or below this.
+    max_exposure: float = ranged(6.0, at_least=0, at_most=10)
 
 
 class InconclusivePolicy(StrEnum):
@@ -185,25 +195,13 @@ class GateAccess(StrEnum):
     direct = "direct"  # plain TCP from the control machine to host.address:port
 
 
-# The validation gates that poll or measure, in order; each has a GateTimingConfig of its name.
-GATE_TIMINGS = (
-    "unit_active",
-    "health",
-    "server_info",
-    "health_generate",
-    "baseline",
-    "shadow_linear",
-    "tree",
-)
-
-
 @dataclass
 class GateTimingConfig:
     """When a gate starts, how often it polls, and when it gives up (seconds)."""
 
-    timeout_s: float = 60.0
-    interval_s: float = 1.0
-    initial_delay_s: float = 0.0
+    timeout_s: float = ranged(60.0, above=0, why="seconds")
+    interval_s: float = ranged(1.0, above=0, why="seconds")
+    initial_delay_s: float = ranged(0.0, at_least=0, why="seconds")
 
 
 @dataclass
@@ -212,37 +210,41 @@ class PromptConfig:
 
     name: str = MISSING
     kind: str = MISSING  # chat | code | math | json | long: what the prompt exercises
-    text: str = MISSING
-    max_new_tokens: int = 64
+    text: str = multiline()  # may span lines: it travels only inside a JSON request
+    max_new_tokens: int = ranged(64, at_least=1)
 
 
 @dataclass
 class ValidationConfig:
     """Gates a deployment must pass before it is promoted (ddtree_deploy.validate)."""
 
-    min_speedup: float = 1.05
-    acceptance_tolerance: float = 0.02
+    min_speedup: float = ranged(1.05, above=0, why="tree tokens/s over linear DFlash's")
+    acceptance_tolerance: float = ranged(0.02, at_least=0, below=1)
     # Shadow acceptance below this fraction of the baseline's is a collapse (missing hidden states).
-    collapse_ratio: float = 0.6
+    collapse_ratio: float = ranged(0.6, above=0, at_most=1)
     # A throughput measurement with fewer completion tokens cannot judge a speedup.
-    min_measured_tokens: int = 64
-    repeats: int = 1  # passes over the prompt set per measurement
+    min_measured_tokens: int = ranged(64, at_least=0)
+    repeats: int = ranged(1, at_least=1)  # passes over the prompt set per measurement
     # Seconds of generation a measurement lasts at least: more passes until then, so a fast
     # model's tokens/s (a sub-second pass at 32 in flight) is not timer noise.
-    min_pass_s: float = 0.0
+    min_pass_s: float = ranged(0.0, at_least=0, why="seconds")
     # Requests in flight while measuring: 1 is batch 1; above it, all passes go out at once.
-    concurrency: int = 1
+    concurrency: int = ranged(1, at_least=1)
     on_inconclusive: InconclusivePolicy = InconclusivePolicy.rollback
     # Nats of log-probability (= logits at one position) an emitted tree token may sit below the
     # target's top-1 in its prefill scores: a bf16 near-tie between verify shapes, not a bug.
-    tie_tolerance: float = 0.5
+    tie_tolerance: float = ranged(
+        0.5, at_least=0, why="nats; 0 asks every tree token to be the target's top-1"
+    )
     # Where linear DFlash's own tokens sit further off the prefill (the target's measured noise
     # floor), the tolerance widens to this many times that worst gap, up to max_tie_tolerance;
     # beyond it the prefill cannot judge (inconclusive).
-    tie_noise_factor: float = 2.0
-    max_tie_tolerance: float = 2.0
+    tie_noise_factor: float = ranged(
+        2.0, at_least=1, why="a tree is allowed at least linear DFlash's own worst gap"
+    )
+    max_tie_tolerance: float = ranged(2.0, at_least=0, why="nats")
     access: GateAccess = GateAccess.ssh_tunnel
-    request_timeout_s: float = 300.0
+    request_timeout_s: float = ranged(300.0, above=0, why="seconds")
     unit_active: GateTimingConfig = field(default_factory=GateTimingConfig)
     health: GateTimingConfig = field(default_factory=GateTimingConfig)
     server_info: GateTimingConfig = field(default_factory=GateTimingConfig)
@@ -287,10 +289,10 @@ class TuneConfig:
     """The grid `action=tune` sweeps on the live service (conf/tune/): every (budget, top-k)
     pair with topk <= budget is one candidate, judged at every named concurrency."""
 
-    budgets: list[int] = field(default_factory=lambda: [4, 8, 15])
-    topks: list[int] = field(default_factory=lambda: [2, 4])
+    budgets: list[int] = ranged(factory=lambda: [4, 8, 15], at_least=1)
+    topks: list[int] = ranged(factory=lambda: [2, 4], at_least=1)
     # Requests in flight while measuring; each cell sends at least this many requests.
-    concurrency: list[int] = field(default_factory=lambda: [1, 32])
+    concurrency: list[int] = ranged(factory=lambda: [1, 32], at_least=1)
 
 
 class OnFailure(StrEnum):
@@ -317,8 +319,9 @@ class FleetConfig:
     name: str = MISSING
     hosts: dict[str, FleetHostConfig] = field(default_factory=dict)
     canary: list[str] = field(default_factory=list)  # go first, alone, before any batch
-    batch_size: int = 1  # hosts at once after the canary
-    max_failures: int = 0  # hosts that may fail before the rollout stops
+    batch_size: int = ranged(1, at_least=1, why="hosts at once after the canary")
+    # Hosts that may fail before the rollout stops.
+    max_failures: int = ranged(0, at_least=0, why="hosts; 0 stops at the first failure")
     on_failure: OnFailure = OnFailure.halt
     # Run every host again, even those a killed or halted run of this command already finished.
     restart: bool = False

@@ -11,8 +11,9 @@ Step API (for the deploy pipeline):
     result = step.apply(host)    # KernelsResult: ok | changed; raises KernelBuildError on failure
 
 Both accept the `HostFacts` already probed (`facts=`) to save a round trip. After a `changed`
-apply, state.json holds `kernels: {key, digest, variant, wheel, wheel_sha256, record_sha256}`:
-compare `digest` across generations to decide whether SGLang must restart.
+apply, state.json holds `kernels: {key, digest, variant, python_sha256, wheel, wheel_sha256,
+record_sha256}`: `digest` names the compiled build and `python_sha256` the package Python in
+it; a change to either is a new install, and SGLang must restart to import it.
 
 The statuses are the shared ones of `ddtree_deploy.steps`; the pipeline wraps the richer plan
 and result into its `StepPlan`/`StepResult` rows.
@@ -24,7 +25,7 @@ from ddtree_deploy.kernel_build.errors import (
     KernelSmokeFailed,
     KernelSourceMissing,
 )
-from ddtree_deploy.kernel_build.key import KernelKey, cuda_arch_list, source_sha256
+from ddtree_deploy.kernel_build.key import KernelKey, build_sha256, cuda_arch_list
 from ddtree_deploy.kernel_build.smoke import SmokeReport
 from ddtree_deploy.kernel_build.step import (
     KernelsPlan,
@@ -47,6 +48,6 @@ __all__ = [
     "ResultStatus",
     "SmokeReport",
     "WheelSource",
+    "build_sha256",
     "cuda_arch_list",
-    "source_sha256",
 ]

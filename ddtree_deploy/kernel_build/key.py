@@ -1,8 +1,16 @@
-"""The ABI key of a kernels wheel, and the exact source files that go into it.
+"""The ABI key of a kernels wheel; which `kernels/` files its compile reads, which ride along.
 
 A wheel built for one key works on every host with the same key and on no other: the key holds
 the torch version, torch's CUDA version, the C++11 ABI flag, the CPython tag, the CUDA arch list
-(empty for the reference-only build) and a hash of the `kernels/` files the wheel is made from.
+(empty for the reference-only build) and a hash of the files the build reads (`build_files`).
+
+The build reads only the C++/CUDA sources (`csrc/`, which also register `torch.ops.ddtree.*`, in
+`ops.cpp`) and the packaging files (`setup.py` lists the sources and compile flags and decides
+whether there is an extension at all; `pyproject.toml` names the package, its version and its
+modules). The package's Python (`ddtree_kernels/*.py`, the launcher `ddtree_launch.py`) is
+copied into the wheel as it is, so it stays out of the key: a change to it alone, such as
+`ddtree_kernels/sglang.py`, reuses the cached wheel, and `repack.with_python` puts the current
+Python into it before it is installed (`python_sha256` tells an install whether it has it).
 Build leftovers inside `kernels/` (`build/`, an in-place `_C*.so`, `__pycache__`) and its tests
 are not part of the wheel, so they are neither hashed nor shipped.
 """
@@ -15,23 +23,23 @@ import json
 import re
 import tarfile
 from dataclasses import asdict, dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
-# Everything setup.py reads or packages; anything else in kernels/ stays on the control machine.
-_SOURCE_GLOBS = (
+# What setuptools and the compiler read (wheel paths, `fnmatch` style: `*` crosses folders).
+_BUILD_PATTERNS = (
     "pyproject.toml",
     "setup.py",
     "setup.cfg",
     "MANIFEST.in",
-    "ddtree_launch.py",
-    "ddtree_kernels/**/*.py",
-    "ddtree_kernels/py.typed",
-    "csrc/**/*.cu",
-    "csrc/**/*.cuh",
-    "csrc/**/*.cpp",
-    "csrc/**/*.h",
-    "csrc/**/*.hpp",
+    "csrc/*.cu",
+    "csrc/*.cuh",
+    "csrc/*.cpp",
+    "csrc/*.h",
+    "csrc/*.hpp",
 )
+# What the wheel carries byte for byte at the same path: replaceable without a compile.
+_PYTHON_PATTERNS = ("ddtree_launch.py", "ddtree_kernels/*.py", "ddtree_kernels/py.typed")
 
 # Fixed, and after 1980: the wheel's zip stores file times and cannot hold earlier ones.
 _TAR_MTIME = 1_600_000_000
@@ -48,7 +56,7 @@ class KernelKey:
     cxx11_abi: bool
     python_tag: str  # "cp312"
     arch_list: str  # TORCH_CUDA_ARCH_LIST, "9.0"; "" = reference-only build (no extension)
-    source_sha256: str
+    build_sha256: str  # of `build_files`: the package's Python is not in it
 
     @property
     def variant(self) -> str:
@@ -89,24 +97,53 @@ def python_tag(python_version: str) -> str:
     return f"cp{major}{minor}"
 
 
+def is_python_file(relative: str) -> bool:
+    """Whether a path of the wheel (or of `kernels/`) is plain Python the wheel only carries."""
+    return any(fnmatchcase(relative, pattern) for pattern in _PYTHON_PATTERNS)
+
+
+def _matching(root: Path, patterns: tuple[str, ...]) -> list[Path]:
+    found = (p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    rel = {p: p.relative_to(root).as_posix() for p in found}
+    return sorted(p for p, r in rel.items() if any(fnmatchcase(r, pat) for pat in patterns))
+
+
+def build_files(root: Path) -> list[Path]:
+    """The files of `root` (a kernels/ tree) that the compile and the packaging read, sorted."""
+    return _matching(root, _BUILD_PATTERNS)
+
+
+def python_files(root: Path) -> list[Path]:
+    """The package's plain Python files of `root`, sorted: what `repack` puts into a wheel."""
+    return _matching(root, _PYTHON_PATTERNS)
+
+
 def source_files(root: Path) -> list[Path]:
-    """The files of `root` (a kernels/ tree) that the wheel is built from, sorted."""
-    found = {p for pattern in _SOURCE_GLOBS for p in root.glob(pattern) if p.is_file()}
-    return sorted(p for p in found if "__pycache__" not in p.parts)
+    """Every file the build needs (setuptools packages the Python too), sorted."""
+    return sorted({*build_files(root), *python_files(root)})
 
 
-def source_sha256(root: Path) -> str:
-    """Hash of the wheel's source files: their relative paths and bytes, in order."""
+def _sha256(root: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
-    for path in source_files(root):
+    for path in files:
         rel = path.relative_to(root).as_posix().encode()
         data = path.read_bytes()
         digest.update(len(rel).to_bytes(8, "big") + rel + len(data).to_bytes(8, "big") + data)
     return digest.hexdigest()
 
 
+def build_sha256(root: Path) -> str:
+    """Hash of the build's inputs (relative paths and bytes, in order): the key's source part."""
+    return _sha256(root, build_files(root))
+
+
+def python_sha256(root: Path) -> str:
+    """Hash of the package's Python: equal hashes mean an install already carries this Python."""
+    return _sha256(root, python_files(root))
+
+
 def source_tarball(root: Path) -> bytes:
-    """The same files as an uncompressed tar; byte-identical for identical sources."""
+    """`source_files` as an uncompressed tar; byte-identical for identical sources."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in source_files(root):

@@ -3,17 +3,19 @@
 `check(host)` says what `apply(host)` would do and changes nothing. `apply(host)`:
 
 1. probes the venv (torch, CUDA, C++11 ABI, Python) and computes the `KernelKey`;
-2. returns `ok` when state.json's `kernels` entry has that key and the venv's installed
-   ddtree-kernels is still the one recorded (its dist-info RECORD hash), after re-running the
-   smoke test on it;
+2. returns `ok` when state.json's `kernels` entry has that key and the current package Python
+   (`python_sha256`), and the venv's installed ddtree-kernels is still the one recorded (its
+   dist-info RECORD hash), after re-running the smoke test on it;
 3. otherwise takes the wheel from the control machine's cache (`cache hit`), or ships the
    `kernels/` sources to a temp folder on the host as a tar and builds there with the venv's own
    Python: `pip wheel --no-build-isolation --no-deps` with `TORCH_CUDA_ARCH_LIST` from `gpu.arch`
    and `DDTREE_KERNELS_BUILD_CUDA=1`, or `=0` on a staging host (no GPU: reference-only build);
    a new wheel goes into the control cache;
-4. keeps the wheel on the host at `<state_dir>/kernels/<slug>/` (a rollback reinstalls it without
-   the control machine), installs it into a scratch `--target` folder and smoke-tests it there,
-   and only then `pip install --no-deps --force-reinstall`s it into the venv, smoke-tests the
+4. puts the checkout's package Python into that wheel (`repack.with_python`: a change to
+   `ddtree_kernels/sglang.py` alone is a cache hit, not a compile) and keeps the result on the
+   host at `<state_dir>/kernels/<slug>/py-<python hash>/` (a rollback reinstalls it without the
+   control machine), installs it into a scratch `--target` folder and smoke-tests it there, and
+   only then `pip install --no-deps --force-reinstall`s it into the venv, smoke-tests the
    installed package and records `kernels` in state.json (`changed`).
 
 A failed build, install or smoke test raises a `KernelBuildError` subclass; the venv keeps its
@@ -23,6 +25,7 @@ test. A failed build's full log is kept in the host's state blobs.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -44,11 +47,13 @@ from ddtree_deploy.kernel_build.errors import (
 )
 from ddtree_deploy.kernel_build.key import (
     KernelKey,
+    build_sha256,
     cuda_arch_list,
+    python_sha256,
     python_tag,
-    source_sha256,
     source_tarball,
 )
+from ddtree_deploy.kernel_build.repack import with_python
 from ddtree_deploy.kernel_build.smoke import SMOKE_SCRIPT, SmokeReport, parse_smoke_output
 from ddtree_deploy.steps import PlanStatus, ResultStatus
 
@@ -159,7 +164,7 @@ class KernelsStep:
             cxx11_abi=bool(facts.cxx11_abi),
             python_tag=python_tag(facts.python_version),
             arch_list=self.arch_list,
-            source_sha256=source_sha256(self.source_dir),
+            build_sha256=build_sha256(self.source_dir),
         )
 
     def check(self, host: ShellHost, facts: HostFacts | None = None) -> KernelsPlan:
@@ -174,7 +179,10 @@ class KernelsStep:
             )
         flavour = self._flavour(key)
         if WheelCache(self.cache_dir).get(key) is not None:
-            reason = f"install cached wheel {key.slug} ({flavour})"
+            entry = self._store(host).load().get("kernels")
+            python_only = isinstance(entry, dict) and entry.get("digest") == key.digest
+            what = "the changed package Python in " if python_only else ""
+            reason = f"install {what}cached wheel {key.slug} ({flavour})"
             return KernelsPlan(PlanStatus.WOULD_CHANGE, reason, key, WheelSource.cache)
         reason = f"build {key.slug} on {host.name} ({flavour}), then install it"
         return KernelsPlan(PlanStatus.WOULD_CHANGE, reason, key, WheelSource.build)
@@ -182,7 +190,7 @@ class KernelsStep:
     def apply(self, host: ShellHost, facts: HostFacts | None = None) -> KernelsResult:
         """Bring the venv to the key's wheel; `ok` (smoke-tested) when it already has it."""
         key = self.key(facts or probe_facts(host, self.python))
-        emit("kernels.key", host=host.name, **key.to_dict())
+        emit("kernels.key", host=host.name, python_sha256=self._python_sha256(), **key.to_dict())
         if self._installed(host, key):
             smoke = self._smoke(host, key, pythonpath=None)
             entry = self._store(host).load()["kernels"]
@@ -211,12 +219,11 @@ class KernelsStep:
             if cached is None:
                 built, data = self._build(host, key, workdir)
                 cached = cache.put(key, built.name, data, built_on=host.name)
-        if source is WheelSource.build:
-            kept = self.state_dir / "kernels" / key.slug / built.name
-            host.run(["install", "-D", "-m", "644", "--", str(built), str(kept)], sudo=True)
-        else:
-            kept = self.state_dir / "kernels" / key.slug / cached.path.name
-            host.write_atomic(kept, cached.path.read_bytes(), mode=0o644, sudo=True)
+        python = self._python_sha256()
+        wheel = with_python(cached.path.read_bytes(), self.source_dir)
+        wheel_sha256 = hashlib.sha256(wheel).hexdigest()
+        kept = self.state_dir / "kernels" / key.slug / f"py-{python[:12]}" / cached.path.name
+        host.write_atomic(kept, wheel, mode=0o644, sudo=True)
         stage = workdir / "stage"
         self._pip(host, "install", "--no-deps", "--no-index", "--target", str(stage), str(kept))
         self._smoke(host, key, pythonpath=stage)  # before the venv is touched
@@ -232,8 +239,9 @@ class KernelsStep:
             "key": key.slug,
             "digest": key.digest,
             "variant": key.variant,
+            "python_sha256": python,
             "wheel": str(kept),
-            "wheel_sha256": cached.sha256,
+            "wheel_sha256": wheel_sha256,
             "record_sha256": self._record_sha256(host),
         }
         store.save(state)
@@ -242,7 +250,7 @@ class KernelsStep:
         reason = f"installed kernels {key.slug} ({how}); {smoke.summary}"
         emit("kernels.done", host=host.name, key=key.slug, source=source.value, message=reason)
         return KernelsResult(
-            ResultStatus.CHANGED, reason, key, source, cached.sha256, smoke, self.staging
+            ResultStatus.CHANGED, reason, key, source, wheel_sha256, smoke, self.staging
         )
 
     def _build(
@@ -317,9 +325,12 @@ class KernelsStep:
         host.run([str(self.python), *_PIP, *args[:1], *_PIP_QUIET, *args[1:]], sudo=sudo)
 
     def _installed(self, host: ShellHost, key: KernelKey) -> bool:
-        """Whether state.json records this key and the venv still holds that very install."""
+        """Whether state.json records this key and Python, and the venv still holds that very
+        install."""
         entry = self._store(host).load().get("kernels")
         if not isinstance(entry, dict) or entry.get("digest") != key.digest:
+            return False
+        if entry.get("python_sha256") != self._python_sha256():
             return False
         return bool(entry.get("record_sha256")) and entry["record_sha256"] == self._record_sha256(
             host
@@ -327,6 +338,9 @@ class KernelsStep:
 
     def _record_sha256(self, host: ShellHost) -> str:
         return host.run([str(self.python), "-c", _RECORD_PROBE]).stdout.strip()
+
+    def _python_sha256(self) -> str:
+        return python_sha256(self.source_dir)
 
     def _store(self, host: ShellHost) -> HostStateStore:
         return HostStateStore(host, self.state_dir)

@@ -26,6 +26,8 @@ from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy.errors import DeployError
 
+# The same safe subset of YAML, parsed by libyaml when PyYAML was built with it.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # The line a set's loader adds: the module API its release was written for.
 _MODULE_API = re.compile(r"^\+DDTREE_SGLANG_API = (?P<api>\d+)\b")
 
@@ -143,7 +145,9 @@ def load_patch_set(directory: Path) -> PatchSet:
     """Parse and check one `series.yaml`; raises `PatchSetError` naming the file on any flaw."""
     series = directory / "series.yaml"
     try:
-        raw = yaml.safe_load(series.read_text())
+        # libyaml's safe loader when PyYAML has it: the sets' YAML (every set's hashes, read
+        # for each `select_patch_set`) took 1.6 s a call with the pure-Python one, 0.05 s with it.
+        raw = yaml.load(series.read_text(), Loader=_SAFE_LOADER)
         if "base" not in raw:
             return _build(directory, raw)
         base = _read_base(directory, str(raw["base"]))

@@ -18,7 +18,13 @@ import jinja2
 
 from ddtree_deploy.config.rules import hybrid_tree_allowed
 from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
-from ddtree_deploy.service.quoting import env_assignment, exec_line, exec_word
+from ddtree_deploy.service.quoting import (
+    Quoted,
+    env_assignment,
+    exec_command,
+    path_value,
+    unit_value,
+)
 from ddtree_deploy.service.secret import MASK, Secret
 
 API_KEY_VAR = "SGLANG_API_KEY"
@@ -30,11 +36,21 @@ def _load_template(name: str) -> str:
     return (importlib.resources.files("ddtree_deploy.templates") / name).read_text()
 
 
-_TEMPLATES = jinja2.Environment(
+def _quoted_only(value: object) -> object:
+    """Every `{{ }}` of a systemd template shows a number or text `service.quoting` made safe for
+    its place; a raw string there is a bug that could let a value write a directive."""
+    if isinstance(value, Quoted) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise TypeError(f"a systemd template was given an unquoted {type(value).__name__}: {value!r}")
+
+
+# For the systemd files under templates/ (units and their environment files).
+TEMPLATES = jinja2.Environment(
     loader=jinja2.FunctionLoader(_load_template),
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True,
     autoescape=False,  # systemd syntax, not HTML; values are quoted by service.quoting
+    finalize=_quoted_only,
 )
 
 
@@ -167,14 +183,13 @@ def render_service(cfg: DeployConfig, api_key: Secret | None) -> RenderedService
     """Render both files; raises `jinja2` errors only for a broken template (a bug)."""
     unit_path, env_path = unit_paths(cfg)
     argv = server_argv(cfg, api_key=api_key is not None)
-    words = [exec_word(w) for w in argv]
-    unit_text = _TEMPLATES.get_template("sglang.service.j2").render(
-        unit_name=cfg.service.unit_name,
-        model_name=cfg.model.name,
-        algo_summary=algo_summary(cfg),
-        user=cfg.service.user,
-        env_path=exec_word(str(env_path)),
-        exec_start=exec_line(words),
+    unit_text = TEMPLATES.get_template("sglang.service.j2").render(
+        serves=unit_value(f"{cfg.model.name} with {algo_summary(cfg)}"),
+        description=unit_value(f"SGLang server ({cfg.model.name}, {algo_summary(cfg)})"),
+        syslog_identifier=unit_value(cfg.service.unit_name),
+        user=unit_value(cfg.service.user),
+        env_path=path_value(str(env_path)),
+        exec_start=exec_command(argv),
         restart_delay_s=cfg.service.restart_delay_s,
         start_timeout_s=cfg.service.start_timeout_s,
         stop_timeout_s=cfg.service.stop_timeout_s,
@@ -205,4 +220,4 @@ def _env_values(cfg: DeployConfig, api_key: str | None) -> dict[str, str]:
 
 def _render_env(values: dict[str, str]) -> str:
     lines = [env_assignment(key, value) for key, value in values.items()]
-    return _TEMPLATES.get_template("sglang.env.j2").render(assignments=lines)
+    return TEMPLATES.get_template("sglang.env.j2").render(assignments=lines)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddtree_deploy.config.schema import ServiceConfig
+from ddtree_deploy.config.text import breaking_character
 from ddtree_deploy.errors import ConfigError
 
 MASK = "***"
@@ -74,6 +75,9 @@ def load_api_key(service: ServiceConfig) -> Secret | None:
 
 
 def _checked(value: str, source: str) -> Secret:
-    if "\n" in value or "\x00" in value:
-        raise ConfigError(f"The API key from {source} spans lines; give it on one line.")
+    if found := breaking_character(value):
+        raise ConfigError(
+            f"The API key from {source} holds the control character {found}; give it on one "
+            "line without control characters."
+        )
     return Secret(value)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from patching.trees import RELEASE_OPTIONS
 
+from ddtree_deploy.cli import main
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.errors import ConfigError
 
@@ -41,7 +44,7 @@ CASES = [
     ),
     pytest.param(
         ["algo.budget=0"],
-        "algo.budget=0 is out of range: SGLang 0.5.11's patch set verifies between 1 and 63 tree nodes (sglang.ddtree_max_budget; the verify width becomes budget + 1).",
+        "algo.budget=0 is out of range: give a number at least 1.",
         id="budget-low",
     ),
     pytest.param(
@@ -75,7 +78,7 @@ CASES = [
     ),
     pytest.param(
         ["algo.topk=0"],
-        "algo.topk=0 is out of range: it must be between 1 and algo.budget = 15.",
+        "algo.topk=0 is out of range: give a number at least 1.",
         id="topk-low",
     ),
     pytest.param(
@@ -150,7 +153,7 @@ CASES = [
     ),
     pytest.param(
         ["service.max_total_tokens=0"],
-        "service.max_total_tokens=0 must be a positive token count (or null for no cap).",
+        "service.max_total_tokens=0 is out of range: give a number at least 1 (tokens; null for no cap).",
         id="kv-cap-zero",
     ),
     pytest.param(
@@ -171,24 +174,81 @@ CASES = [
     ),
     pytest.param(
         ["validation.min_speedup=0"],
-        "validation.min_speedup=0.0 must be above 0.",
+        "validation.min_speedup=0.0 is out of range: give a number above 0 (tree tokens/s over linear DFlash's).",
         id="min-speedup",
     ),
     pytest.param(
         ["validation.min_pass_s=-1"],
-        "validation.min_pass_s=-1.0 must be at least 0 (seconds).",
+        "validation.min_pass_s=-1.0 is out of range: give a number at least 0 (seconds).",
         id="min-pass-s",
     ),
     pytest.param(
         ["validation.tie_noise_factor=0.5"],
-        "validation.tie_noise_factor=0.5 must be at least 1 (a tree is allowed at least linear "
-        "DFlash's own worst gap).",
+        "validation.tie_noise_factor=0.5 is out of range: give a number at least 1 (a tree is "
+        "allowed at least linear DFlash's own worst gap).",
         id="tie-noise-factor",
     ),
     pytest.param(
         ["validation.max_tie_tolerance=0.1"],
         "validation.max_tie_tolerance=0.1 must be at least validation.tie_tolerance=0.5.",
         id="max-tie-tolerance",
+    ),
+    pytest.param(  # nan compares false with every bound: it used to switch the tree gate's token check off
+        ["validation.tie_tolerance=nan"],
+        "validation.tie_tolerance=nan is not a finite number; give a number at least 0 (nats; 0 asks every tree token to be the target's top-1).",
+        id="tie-tolerance-nan",
+    ),
+    pytest.param(
+        ["validation.tree.timeout_s=nan"],
+        "validation.tree.timeout_s=nan is not a finite number; give a number above 0 (seconds).",
+        id="gate-timeout-nan",
+    ),
+]
+
+
+HOST_NAME_RULE = "cannot name the host's run folders and files: give 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
+CASES += [
+    pytest.param(["host.name=a/b"], f"host.name='a/b' {HOST_NAME_RULE}", id="host-name-slash"),
+    pytest.param(
+        ["host.name=" + "a" * 10_000],
+        f"host.name={'a' * 40!r}... (10000 characters) {HOST_NAME_RULE}",
+        id="host-name-long",
+    ),
+    pytest.param(["host.name=.."], f"host.name='..' {HOST_NAME_RULE}", id="host-name-dots"),
+    pytest.param(
+        ["fleet=ct", "fleet.name=a/b"],
+        "fleet.name='a/b' cannot name the fleet's run folders and journal: give 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit.",
+        id="fleet-name",
+    ),
+    pytest.param(
+        ["host=ct200", "service.unit_name=a/b"],
+        "service.unit_name='a/b' is not a systemd unit name: give 1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit.",
+        id="unit-name",
+    ),
+    pytest.param(
+        ["host=ct200", "service.user=ro ot"],
+        "service.user='ro ot' is not a user name systemd's User= takes: give a name of letters, digits, '_' and '-' (not starting with a digit or '-'), or a UID.",
+        id="service-user",
+    ),
+    pytest.param(
+        ["host=ct200", "service.env_dir=etc"],
+        "service.env_dir='etc' is not an absolute path; give the folder's full path.",
+        id="env-dir-relative",
+    ),
+    pytest.param(
+        ["host=ct200", "host.sglang_venv=/opt/" + "v" * 300],
+        "host.sglang_venv='/opt/vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv'... (305 characters) is too long for a file system: at most 255 bytes a folder name and 4095 in all.",
+        id="venv-too-long",
+    ),
+    pytest.param(
+        ["host=ct200", "host.sglang_venv='/opt/$HOME'"],
+        "host.sglang_venv='/opt/$HOME' holds '$', which systemd does not take in the program path of ExecStart=; give the venv a path without quotes, backslashes or $.",
+        id="venv-dollar",
+    ),
+    pytest.param(
+        ["model.name='a\tb'"],
+        "model.name holds the control character U+0009, which could add a line to a unit, an environment file or a command; give it on one line without control characters.",
+        id="control-character",
     ),
 ]
 
@@ -201,3 +261,18 @@ def test_compose_refuses_bad_value_with_one_sentence(overrides: list[str], messa
     assert text.startswith(message)
     assert "\n" not in text
     assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize("name", ["a/b", "a" * 10_000], ids=["slash", "long"])
+def test_command_refuses_a_host_name_that_cannot_name_a_folder(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each used to end in a traceback where the run folder was made (`File name too long`)."""
+    runs = tmp_path / "runs"
+    assert main([f"host.name={name}", f"rollout.runs_dir={runs}"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: host.name=") and lines[0].endswith(HOST_NAME_RULE)
+    assert len(lines[0]) < 300  # a long name is cut short
+    assert not runs.exists()

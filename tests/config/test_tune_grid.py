@@ -26,10 +26,13 @@ from ddtree_deploy.rollout.tune import candidates
             "tune.budgets=[4, 31] has 31 out of range: SGLang 0.5.11's patch set verifies "
             "between 1 and block_size - 1 = 15 tree nodes (the verify width stays the block size).",
         ),
-        ("tune.budgets=[0,8]", "tune.budgets=[0, 8] has 0 out of range"),
+        ("tune.budgets=[0,8]", "tune.budgets[0]=0 is out of range: give a number at least 1."),
         ("tune.topks=[2,9]", "tune.topks=[2, 9] has 9 out of range"),
         ("tune.concurrency=[]", "tune.concurrency is empty"),
-        ("tune.concurrency=[1,0]", "tune.concurrency=[1, 0] has 0: each must be at least 1."),
+        (
+            "tune.concurrency=[1,0]",
+            "tune.concurrency[1]=0 is out of range: give a number at least 1.",
+        ),
         ("algo=dflash", "action=tune sweeps DDTREE tree candidates"),
     ],
 )

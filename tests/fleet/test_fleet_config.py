@@ -67,7 +67,7 @@ def test_per_host_overrides_apply_to_that_host_and_the_command_line_wins(tmp_pat
             "fleet mixed's canary names 'ct300', which is not one of its hosts (ct129)",
         ),
         ("hosts: {}\n", (), "fleet mixed lists no hosts"),
-        ("hosts: {ct129: {}}\n", ("fleet.batch_size=0",), "a batch holds at least one host"),
+        ("hosts: {ct129: {}}\n", ("fleet.batch_size=0",), "fleet.batch_size=0 is out of range"),
         ("hosts: {ct129: {}}\n", ("action=port",), "action=port acts on one host"),
         (
             "hosts: {ct129: {}, again: {option: ct129}}\n",

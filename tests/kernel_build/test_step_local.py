@@ -90,6 +90,33 @@ def test_second_venv_with_same_abi_takes_the_wheel_from_the_cache(
     assert result.smoke.module_file.startswith(str(other_venv))
 
 
+def test_a_python_only_change_reaches_the_venv_from_the_cache_without_a_build(
+    reference_step: KernelsStep,
+) -> None:
+    host = LocalHost()
+    first = reference_step.apply(host)
+    state_path = Path(reference_step.state_dir, "state.json")
+    first_wheel = Path(json.loads(state_path.read_text())["kernels"]["wheel"])
+    module = reference_step.source_dir / "ddtree_kernels" / "sglang.py"
+    module.write_text(module.read_text() + "\nPYTHON_ONLY_CHANGE = True\n")
+
+    plan = reference_step.check(host)
+    assert (plan.status, plan.source, plan.key) == (
+        PlanStatus.WOULD_CHANGE, WheelSource.cache, first.key,
+    )  # fmt: skip
+    assert f"install the changed package Python in cached wheel {first.key.slug}" in plan.reason
+    second = reference_step.apply(host)
+    assert (second.status, second.source, second.key) == (
+        ResultStatus.CHANGED, WheelSource.cache, first.key,
+    )  # fmt: skip
+    assert second.wheel_sha256 != first.wheel_sha256
+    installed = Path(second.smoke.module_file).with_name("sglang.py")
+    assert installed.read_bytes() == module.read_bytes()
+    second_wheel = Path(json.loads(state_path.read_text())["kernels"]["wheel"])
+    assert second_wheel != first_wheel and first_wheel.is_file()  # each kept for a rollback
+    assert reference_step.check(host).status is PlanStatus.OK
+
+
 def _break_cuda_sources(source: Path) -> None:
     """One tiny .cu file with an undeclared name is the whole extension (a fast, failing compile)."""
     setup = source / "setup.py"

@@ -7,9 +7,10 @@ import shutil
 import pytest
 
 from ddtree_deploy.config import compose_config
+from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.service.lint import UnitLintFailed, lint_unit
-from ddtree_deploy.service.quoting import env_assignment, exec_word
-from ddtree_deploy.service.render import render_service
+from ddtree_deploy.service.quoting import env_assignment, exec_command, exec_word, unit_value
+from ddtree_deploy.service.render import TEMPLATES, render_service
 from ddtree_deploy.service.secret import Secret
 
 needs_analyze = pytest.mark.skipif(
@@ -126,6 +127,37 @@ def test_exec_word_quotes_for_systemd(value: str, word: str) -> None:
 def test_env_assignment_quotes() -> None:
     assert env_assignment("K", "a b$c") == "K='a b$c'"
     assert env_assignment("K", "it's") == 'K="it\'s"'
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b", "a\x1bb", "a\u2028b"])
+def test_quoting_refuses_a_line_breaking_character(value: str) -> None:
+    """Composition refuses these with a sentence first; the quoting refuses them again, so a
+    value that bypassed composition still cannot add a line."""
+    for quote in (exec_word, unit_value, lambda v: env_assignment("K", v)):
+        with pytest.raises(ValueError, match="control character"):
+            quote(value)
+
+
+def test_systemd_templates_show_only_quoted_values() -> None:
+    template = TEMPLATES.from_string("User={{ user }}")
+    assert template.render(user=unit_value("50%")) == "User=50%%"
+    with pytest.raises(TypeError, match="unquoted str"):
+        template.render(user="root\nExecStartPre=/bin/true")
+
+
+def test_program_path_is_plain_and_absolute() -> None:
+    assert exec_command(["/v/bin/python", "-m", "x y"]) == '/v/bin/python \\\n    -m "x y"'
+    for program in ("python", "-/v/bin/python", '/v"/bin/python', "/v$HOME/bin/python"):
+        with pytest.raises(ValueError, match="plain absolute path"):
+            exec_command([program])
+
+
+def test_newline_in_service_user_writes_no_directive() -> None:
+    """It used to render an ExecStartPre= line into [Service] (issue 43)."""
+    with pytest.raises(ConfigError) as refused:
+        compose_config(["host=ct200", "service.user='root\nExecStartPre=/bin/true'"])
+    assert str(refused.value).startswith("service.user holds the control character U+000A")
+    assert refused.value.exit_code == 2
 
 
 def test_deterministic_inference_is_one_flag() -> None:
