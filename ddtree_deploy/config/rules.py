@@ -66,6 +66,7 @@ def _problems(cfg: DeployConfig) -> list[str]:
         *_validation_problems(cfg),
         *_tune_problems(cfg),
         *_fleet_problems(cfg),
+        *_watch_problems(cfg),
     ]
 
 
@@ -380,4 +381,18 @@ def _fleet_problems(cfg: DeployConfig) -> list[str]:
         ]
     if len(set(fleet.canary)) != len(fleet.canary):
         return [f"fleet {fleet.name}'s canary {list(fleet.canary)} names a host twice."]
+    return []
+
+
+def _watch_problems(cfg: DeployConfig) -> list[str]:
+    """The re-validation timer's ExecStart= runs `watch.command` (docs/watch.md)."""
+    command = cfg.watch.command
+    if not cfg.watch.enabled:
+        return []
+    if not command.startswith("/") or set(command) & set(PROGRAM_UNSAFE):
+        return [
+            f"watch.command={_shown(command)} must be an absolute path without quotes, "
+            "backslashes or $ (the timer's ExecStart= runs it); give where ddtree-deploy is "
+            "installed on the host, or set watch.enabled=false."
+        ]
     return []

@@ -345,7 +345,7 @@ class WatchConfig:
     accuracy: str = "1min"  # AccuracySec: how late systemd may start a run
     # Prompts of validation.prompts (the first ones) a routine run sends; a changed fingerprint
     # re-validates in full, the whole set through linear DFlash, shadow and tree.
-    prompt_sample: int = 2
+    prompt_sample: int = ranged(2, at_least=1, why="prompts")
     policy: WatchPolicy = WatchPolicy.rollback
     command: str = "/opt/ddtree-deploy/bin/ddtree-deploy"  # the tool, installed on the host
     # node_exporter's textfile collector folder (`--collector.textfile.directory`); each

@@ -93,7 +93,7 @@ class RenderedService:
 
 def render_template(name: str, values: dict[str, object]) -> str:
     """Any template of `templates/` with `values` (already quoted for where they land)."""
-    return _TEMPLATES.get_template(name).render(**values)
+    return TEMPLATES.get_template(name).render(**values)
 
 
 def sha256_text(text: str) -> str:

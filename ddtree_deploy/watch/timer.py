@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig, GateAccess, Transport
 from ddtree_deploy.config.stored import stored_config_text
-from ddtree_deploy.service.quoting import exec_line, exec_word
+from ddtree_deploy.service.quoting import exec_command, path_value, unit_value
 from ddtree_deploy.service.render import API_KEY_VAR, render_template, unit_paths
 
 
@@ -70,14 +70,14 @@ def render_watch(cfg: DeployConfig) -> WatchFiles:
     env_path = unit_paths(cfg)[1]
     words = [cfg.watch.command, "--from", str(config_path), "action=revalidate"]
     values = {
-        "unit_name": cfg.service.unit_name,
-        "watch_name": name,
-        "env_path": str(env_path),
-        "exec_start": exec_line([exec_word(w) for w in words]),
+        "unit_name": unit_value(cfg.service.unit_name),
+        "watch_name": unit_value(name),
+        "env_path": path_value(str(env_path)),
+        "exec_start": exec_command(words),
         # A full re-validation restarts the service twice and loads the model each time.
         "timeout_s": 2 * cfg.service.start_timeout_s + 1800,
-        "interval": cfg.watch.interval,
-        "accuracy": cfg.watch.accuracy,
+        "interval": unit_value(cfg.watch.interval),
+        "accuracy": unit_value(cfg.watch.accuracy),
     }
     return WatchFiles(
         service_path=unit_dir / f"{name}.service",

@@ -72,3 +72,19 @@ def test_units_verify_and_execstart_survives_spaces_and_specifiers(tmp_path: Pat
         if files.service_path.name in line or files.timer_path.name in line
     ]  # fmt: skip
     assert findings == []
+
+
+def test_a_watch_command_the_timer_cannot_run_is_refused_in_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ddtree_deploy.cli import main
+
+    assert main(["watch.command=ddtree-deploy", f"rollout.runs_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: watch.command='ddtree-deploy' must be an absolute path without quotes, "
+        "backslashes or $ (the timer's ExecStart= runs it); give where ddtree-deploy is "
+        "installed on the host, or set watch.enabled=false."
+    )
+    # Off, it is never run, so never judged.
+    assert main(["watch.command=x", "watch.enabled=false", f"rollout.runs_dir={tmp_path}",
+                 "action=render"]) != 2  # fmt: skip
