@@ -24,9 +24,10 @@ from ddtree_deploy.hosts.lock import HostBusy, host_lock
 from ddtree_deploy.report.audit_report import write_audit_reports
 from ddtree_deploy.report.run_report import write_run_report
 from ddtree_deploy.rollout.actions import HANDLERS, ActionOutcome
-from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.generations import GenerationStore, HostState
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.validation_flow import ValidationFailed
+from ddtree_deploy.validate.gates import Decision
 from ddtree_deploy.validate.record import ValidationRecord
 
 # Actions that change a host: the generation it had before is journaled (rollback_all).
@@ -84,7 +85,7 @@ class ActionDriver:
         name = cfg.host.name
         try:
             if self.record_before and cfg.action in _CHANGING:
-                started(_state(cfg)["generation"])
+                started(_state(cfg).generation)
             outcome = HANDLERS[cfg.action](cfg)
         except DeployError as err:
             emit("run.failed", error=str(err), kind=type(err).__name__)
@@ -93,7 +94,7 @@ class ActionDriver:
                 write_run_report(run_dir, record.to_dict())
             return self._failed(cfg, err, record)
         _write_reports(run_dir, outcome)
-        state: dict[str, Any] = {"generation": outcome.generation, "summary": outcome.serving}
+        state = HostState(generation=outcome.generation, summary=outcome.serving)
         if outcome.serving is None and cfg.action in _SERVING:  # validate, tune: ask the host
             state = _state(cfg)
         tokens, speedup = figures(outcome.validation)
@@ -106,8 +107,8 @@ class ActionDriver:
             verdict,
             (outcome.summary or _summary(outcome, verdict)).removeprefix(f"{name}: "),
             outcome.exit_code,
-            generation=state.get("generation"),
-            algo=str(state.get("summary") or state.get("algo") or ""),
+            generation=state.generation,
+            algo=state.summary or state.algo or "",
             tokens_per_s=tokens,
             speedup=speedup,
             outcome=outcome,
@@ -122,20 +123,20 @@ class ActionDriver:
             verdict = Verdict.refused
         else:
             verdict = Verdict.failed
-        state: dict[str, Any] = {}
+        state = HostState()
         if verdict is Verdict.failed and cfg.action in _SERVING:
             try:  # where the host's own rollback left it
                 state = _state(cfg)
             except DeployError:
-                state = {}
+                state = HostState()
         tokens, speedup = figures(record)
         return HostRun(
             cfg.host.name,
             verdict,
             str(err),
             err.exit_code,
-            generation=state.get("generation"),
-            algo=str(state.get("summary") or state.get("algo") or ""),
+            generation=state.generation,
+            algo=state.summary or state.algo or "",
             tokens_per_s=tokens,
             speedup=speedup,
         )
@@ -147,16 +148,19 @@ class ActionDriver:
                 connect(cfg.host) as host,
                 host_lock(host, PurePosixPath(cfg.host.state_dir), "rollback"),
             ):
-                state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
-                if state["generation"] == generation and state["in_progress"] is None:
+                generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+                state = generations.state()
+                if state.generation == generation and state.in_progress is None:
                     return HostRun(
                         name,
                         Verdict.ok,
                         f"already at generation {generation}",
                         generation=generation,
-                        algo=str(state.get("summary", "")),
+                        algo=state.summary or "",
                     )
-                outcome = rollback(cfg, host, to_generation=generation or 0)
+                outcome = rollback(
+                    cfg, host, to_generation=generation or 0, generations=generations
+                )
         except DeployError as err:
             emit("run.failed", error=str(err), kind=type(err).__name__)
             return HostRun(
@@ -183,7 +187,7 @@ class ActionDriver:
         return sink
 
 
-def _state(cfg: DeployConfig) -> dict[str, Any]:
+def _state(cfg: DeployConfig) -> HostState:
     with connect(cfg.host) as host:
         return GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
 
@@ -206,7 +210,7 @@ def _step_of(record: dict[str, Any]) -> str | None:
 
 def _changed(outcome: ActionOutcome) -> bool:
     if outcome.validation is not None and outcome.validation.decision:
-        return outcome.validation.decision not in ("unchanged", "staging") or any(
+        return outcome.validation.decision not in (Decision.unchanged, Decision.staging) or any(
             r.status == "changed" for r in outcome.results
         )
     return any(r.status == "changed" for r in outcome.results)

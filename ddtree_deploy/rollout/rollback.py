@@ -65,6 +65,7 @@ def rollback(
     *,
     to_linear: bool = False,
     to_generation: int | None = None,
+    generations: GenerationStore | None = None,
 ) -> RollbackOutcome:
     """Return `host` to its previous generation and wait until the unit runs steadily.
 
@@ -76,9 +77,10 @@ def rollback(
     0: to the unit found before the first generation). An interrupted rollback is finished
     first, whatever `to_linear` or `to_generation` say.
     Raises `NothingToRollBack` for a host without generations, `UnitFailedToStart` (with the
-    journal) when the target does not come up either.
+    journal) when the target does not come up either. `generations`: the host's record as the
+    calling action holds it; a call of its own reads it afresh.
     """
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    generations = generations or GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     api_key = load_api_key(cfg.service)
     mask = api_key.mask if api_key else (lambda text: text)
     target = _target(cfg, generations, to_linear=to_linear, to_generation=to_generation)
@@ -125,16 +127,16 @@ def _target(
     cfg: DeployConfig, generations: GenerationStore, *, to_linear: bool, to_generation: int | None
 ) -> _Target:
     state = generations.state()
-    lineage: list[int] = list(state["lineage"])
+    lineage = list(state.lineage)
     bottom = lineage[0] if lineage else None  # the generation that replaced the unit found before
-    interrupted = state["in_progress"]
-    if interrupted and interrupted["kind"] == "rollback":  # finish it
-        number = int(interrupted["generation"])
+    interrupted = state.in_progress
+    if interrupted and interrupted.kind == "rollback":  # finish it
+        number = interrupted.generation
         meta = generations.meta(number)
         assert meta is not None, "begin() wrote meta.json before marking it in progress"
         return _Target(number, generations.files(number), [], None, meta.algo, meta.summary)
     if interrupted:  # an interrupted deploy: back to the last committed generation
-        from_generation = int(interrupted["generation"])
+        from_generation = interrupted.generation
     elif lineage:
         from_generation = lineage.pop()
     else:

@@ -117,7 +117,7 @@ def fleet_args(
 
 def state(lab: StandinLab) -> dict[str, Any]:
     with lab.connect() as host:
-        return GenerationStore(host, STATE_DIR).state()
+        return GenerationStore(host, STATE_DIR).store.load()
 
 
 def main_pid(lab: StandinLab) -> int:

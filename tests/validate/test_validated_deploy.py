@@ -42,7 +42,7 @@ def last_report(runs: Path) -> dict[str, Any]:
 
 def host_state(lab: StandinLab, name: str) -> dict[str, Any]:
     with lab.connect() as host:
-        return GenerationStore(host, PurePosixPath(f"/var/lib/ddtree-test/{name}")).state()
+        return GenerationStore(host, PurePosixPath(f"/var/lib/ddtree-test/{name}")).store.load()
 
 
 def unit_running(lab: StandinLab, name: str) -> bool:
