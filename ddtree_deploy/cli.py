@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from ddtree_deploy.config import DeployConfig, Output, compose_config, group_options
 from ddtree_deploy.config.schema import OnFailure
 from ddtree_deploy.config.stored import load_stored_config
-from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.errors import ConfigError, DeployError, ExitCode
 from ddtree_deploy.events import JsonLinesSink, bound_emit, emit, sink_installed
 from ddtree_deploy.fleet import (
     ActionDriver,
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         console.stderr.print("interrupted", style="red")
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _stored_argument(args: list[str]) -> tuple[Path | None, list[str]]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig, Output
-from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.errors import ConfigError, DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.factory import connect
@@ -60,7 +60,7 @@ class PlannedStep:
 class ActionOutcome:
     """What an action produced, for the CLI to render; `exit_code` 0 means success."""
 
-    exit_code: int = 0
+    exit_code: int = ExitCode.OK
     facts: HostFacts | None = None
     preflight: PreflightReport | None = None
     steps: list[PlannedStep] = field(default_factory=list)
@@ -110,7 +110,10 @@ def plan_action(cfg: DeployConfig) -> ActionOutcome:
             *_service_step_plans(cfg, host),
         ]
     return ActionOutcome(
-        exit_code=0 if not report.refusals else 4, facts=facts, preflight=report, steps=steps
+        exit_code=ExitCode.PREFLIGHT_REFUSED if report.refusals else ExitCode.OK,
+        facts=facts,
+        preflight=report,
+        steps=steps,
     )
 
 
@@ -130,7 +133,9 @@ def render_action(cfg: DeployConfig) -> ActionOutcome:
     rendered = render_service(cfg, load_api_key(cfg.service))
     lint = lint_unit(rendered, cfg.service.max_exposure)
     emit("service.lint", unit=lint.unit, ok=lint.ok, summary=lint.summary())
-    return ActionOutcome(exit_code=0 if lint.ok else 6, rendered=rendered, lint=lint)
+    return ActionOutcome(
+        exit_code=ExitCode.OK if lint.ok else ExitCode.DRIFTED_FILE, rendered=rendered, lint=lint
+    )
 
 
 def deploy_action(cfg: DeployConfig) -> ActionOutcome:
@@ -229,7 +234,9 @@ def status_action(cfg: DeployConfig) -> ActionOutcome:
         metrics = None
         if cfg.output is Output.prometheus:
             metrics = metrics_text(cfg, generations, len(status.fingerprint_drift))
-    return ActionOutcome(exit_code=1 if status.drift else 0, status=status, metrics=metrics)
+    return ActionOutcome(
+        exit_code=ExitCode.DRIFT if status.drift else ExitCode.OK, status=status, metrics=metrics
+    )
 
 
 def revalidate_action(cfg: DeployConfig) -> ActionOutcome:

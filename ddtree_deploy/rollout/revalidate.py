@@ -27,6 +27,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ddtree_deploy.config.schema import Algo, DeployConfig, PromptConfig, TreeMode, WatchPolicy
+from ddtree_deploy.errors import ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts
@@ -57,13 +58,13 @@ from ddtree_deploy.watch.timer import watch_name
 class WatchAlert(ValidationFailed):
     """A re-validation failed under watch.policy=alert: reported, nothing changed."""
 
-    exit_code = 13
+    exit_code = ExitCode.WATCH_ALERT
 
 
 class WatchPaused(ValidationFailed):
     """A re-validation failed under watch.policy=pause: reported, the timer stopped."""
 
-    exit_code = 11
+    exit_code = ExitCode.VALIDATION_PAUSED
 
 
 def revalidate(

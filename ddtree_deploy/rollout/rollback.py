@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import Algo, DeployConfig
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.patching.step import PatchStep
@@ -36,7 +36,7 @@ _ALGO_ARG = re.compile(r"--speculative-algorithm\s+\"?(?P<algo>[A-Z0-9_]+)")
 class NothingToRollBack(DeployError):
     """The host has no generation recorded by this toolkit."""
 
-    exit_code = 8
+    exit_code = ExitCode.NOTHING_TO_ROLL_BACK
 
 
 @dataclass(frozen=True)

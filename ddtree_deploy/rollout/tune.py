@@ -33,7 +33,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ddtree_deploy.config.schema import Algo, DeployConfig, InconclusivePolicy, TreeMode
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
@@ -66,7 +66,7 @@ TUNE_FORMAT = 1
 class TuneNoWinner(ValidationFailed):
     """No candidate passed every gate at every concurrency; linear DFlash serves again."""
 
-    exit_code = 12
+    exit_code = ExitCode.NO_WINNER
 
 
 @dataclass(frozen=True)

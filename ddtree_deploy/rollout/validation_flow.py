@@ -23,7 +23,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.rollout.generations import GenerationStore
@@ -64,7 +64,7 @@ class ValidationFailed(ValidationError):
 class ValidationPaused(ValidationFailed):
     """An inconclusive gate under on_inconclusive=pause: the generation serves, unpromoted."""
 
-    exit_code = 11
+    exit_code = ExitCode.VALIDATION_PAUSED
 
 
 Judge = Callable[[ServiceProbe, GateContext], tuple[list[GateResult], Measurement | None]]
