@@ -166,12 +166,10 @@ class ActionDriver:
             return HostRun(
                 name, Verdict.failed, f"rollback_all could not restore it: {err}", err.exit_code
             )
-        came_from = f" from generation {outcome.from_generation}" if outcome.from_generation else ""
         return HostRun(
             name,
             Verdict.rolled_back,
-            f"rolled back{came_from} to generation {outcome.to_generation} "
-            f"({outcome.summary}); the unit is {outcome.unit_state}.",
+            outcome.sentence(),
             generation=outcome.to_generation,
             algo=outcome.summary,
         )

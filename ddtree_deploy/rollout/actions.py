@@ -213,13 +213,9 @@ def rollback_action(cfg: DeployConfig) -> ActionOutcome:
             cfg, host, to_linear=cfg.rollback.to_linear, generations=_generations(cfg, host)
         )
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
-    came_from = f" from generation {outcome.from_generation}" if outcome.from_generation else ""
     return ActionOutcome(
         results=results,
-        summary=(
-            f"{cfg.host.name}: rolled back{came_from} to generation {outcome.to_generation} "
-            f"({outcome.summary}); the unit is {outcome.unit_state}."
-        ),
+        summary=f"{cfg.host.name}: {outcome.sentence()}",
         generation=outcome.to_generation,
         serving=outcome.summary,
     )

@@ -48,6 +48,14 @@ class RollbackOutcome:
     unit_state: str
     steps: tuple[StepReport, ...]
 
+    def sentence(self) -> str:
+        """What the rollback did, as a host's run and a fleet's recap both say it."""
+        came_from = f" from generation {self.from_generation}" if self.from_generation else ""
+        return (
+            f"rolled back{came_from} to generation {self.to_generation} ({self.summary}); "
+            f"the unit is {self.unit_state}."
+        )
+
 
 @dataclass(frozen=True)
 class _Target:
