@@ -1,9 +1,10 @@
 """One fleet host's run: the single-host action, in its own run folder, as a `HostRun`.
 
 Each host gets `<fleet run>/<host>/` with its own `events.jsonl` and report files, exactly what
-`ddtree-deploy host=<host> action=...` leaves, and runs `rollout.actions.HANDLERS[action]` with
-its own connection and its own lock (a host another run holds is refused, not waited for).
-The step it is at goes to the fleet's sinks as `fleet.step` events (the live table).
+`ddtree-deploy host=<host> action=...` leaves: the runner `cli` hands the driver is the one a
+single-host run goes through (`report.action_run`), with the host's own connection and lock (a
+host another run holds is refused, not waited for). The driver only places the run and reads
+its verdict. The step it is at goes to the fleet's sinks as `fleet.step` events (the live table).
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ from ddtree_deploy.fleet.schedule import Started
 from ddtree_deploy.fleet.strategy import HostRun, Verdict
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.lock import HostBusy, host_lock
-from ddtree_deploy.report.audit_report import write_audit_reports
-from ddtree_deploy.report.run_report import write_run_report
-from ddtree_deploy.rollout.actions import HANDLERS, ActionOutcome
+from ddtree_deploy.rollout.actions import ActionOutcome, ActionRun
 from ddtree_deploy.rollout.generations import GenerationStore, HostState
 from ddtree_deploy.rollout.rollback import rollback
-from ddtree_deploy.rollout.validation_flow import ValidationFailed
 from ddtree_deploy.validate.gates import Decision
 from ddtree_deploy.validate.record import ValidationRecord
 
@@ -34,6 +32,9 @@ from ddtree_deploy.validate.record import ValidationRecord
 _CHANGING = frozenset({"deploy", "rollback", "tune"})
 # Actions after which the host's generation is read for the recap.
 _SERVING = frozenset({"deploy", "rollback", "tune", "validate"})
+
+# Runs a host's action, writes its reports in the folder given, returns what it gave.
+RunAction = Callable[[DeployConfig, Path], ActionRun]
 
 
 class ActionDriver:
@@ -44,14 +45,17 @@ class ActionDriver:
         members: Mapping[str, DeployConfig],
         fleet_dir: Path,
         fleet_emit: Callable[..., None],
+        run_action: RunAction,
         *,
         record_before: bool,
     ) -> None:
-        """`record_before`: read each changing host's generation before its run for the journal
-        (what `on_failure=rollback_all` returns it to); otherwise no extra connection."""
+        """`run_action`: the single-host runner. `record_before`: read each changing host's
+        generation before its run for the journal (what `on_failure=rollback_all` returns it
+        to); otherwise no extra connection."""
         self.members = members
         self.fleet_dir = fleet_dir
         self.fleet_emit = fleet_emit
+        self.run_action = run_action
         self.record_before = record_before
 
     def run(self, name: str, started: Started) -> HostRun:
@@ -83,17 +87,17 @@ class ActionDriver:
 
     def _act(self, cfg: DeployConfig, run_dir: Path, started: Started) -> HostRun:
         name = cfg.host.name
-        try:
-            if self.record_before and cfg.action in _CHANGING:
+        if self.record_before and cfg.action in _CHANGING:
+            try:
                 started(_state(cfg).generation)
-            outcome = HANDLERS[cfg.action](cfg)
-        except DeployError as err:
-            emit("run.failed", error=str(err), kind=type(err).__name__)
-            record = err.record if isinstance(err, ValidationFailed) else None
-            if record is not None:
-                write_run_report(run_dir, record.to_dict())
-            return self._failed(cfg, err, record)
-        _write_reports(run_dir, outcome)
+            except DeployError as err:
+                emit("run.failed", error=str(err), kind=type(err).__name__)
+                return self._failed(cfg, err, None)
+        run = self.run_action(cfg, run_dir)
+        if run.error is not None:
+            return self._failed(cfg, run.error, run.record)
+        outcome = run.outcome
+        assert outcome is not None, "an action returns its outcome or raises"
         state = HostState(generation=outcome.generation, summary=outcome.serving)
         if outcome.serving is None and cfg.action in _SERVING:  # validate, tune: ask the host
             state = _state(cfg)
@@ -237,11 +241,3 @@ def figures(record: ValidationRecord | None) -> tuple[float | None, float | None
                 speedup = figures["speedup"]
                 tokens = figures.get("tree_tokens_per_s", tokens)
     return tokens, speedup
-
-
-def _write_reports(run_dir: Path, outcome: ActionOutcome) -> None:
-    """The host's report files, as a single-host run writes them."""
-    if outcome.validation is not None:
-        write_run_report(run_dir, outcome.validation.to_dict())
-    if outcome.audit is not None:
-        write_audit_reports(outcome.audit, run_dir)

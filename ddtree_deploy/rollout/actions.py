@@ -80,6 +80,21 @@ class ActionOutcome:
     serving: str | None = None
 
 
+@dataclass(frozen=True)
+class ActionRun:
+    """What running an action on one host gave: its outcome, or the error it raised."""
+
+    outcome: ActionOutcome | None
+    error: DeployError | None = None
+
+    @property
+    def record(self) -> ValidationRecord | None:
+        """The gates' record, a failed validation's included."""
+        if isinstance(self.error, ValidationFailed):
+            return self.error.record
+        return self.outcome.validation if self.outcome is not None else None
+
+
 def _locked(cfg: DeployConfig, host: ShellHost) -> AbstractContextManager[object]:
     """The host's lock, held by every action that changes the host (see hosts/lock.py)."""
     return host_lock(host, PurePosixPath(cfg.host.state_dir), cfg.action)
