@@ -319,7 +319,8 @@ def _service_problems(cfg: DeployConfig) -> list[str]:
 
 def _flag_owner(cfg: DeployConfig, flag: str) -> str | None:
     """The setting behind a server flag the tool writes itself, where `flag` (from
-    service.extra_args) is that flag or an abbreviation SGLang's parser would expand to it."""
+    service.extra_args) is that flag or an abbreviation SGLang's parser would expand to it (no
+    flag of 0.5.11 to 0.5.23 is a strict prefix of one of these, so a prefix can only be one)."""
     if not flag.startswith("--") or flag == "--":
         return None
     written = {**TOOL_FLAGS, **dict.fromkeys(
