@@ -105,7 +105,7 @@ def revalidate(
         deploy_validated(cfg, host, record)
         record_validated(cfg, host, facts)
         return
-    results = _routine(cfg, host, api_key, found, generations.state()["generation"], record)
+    results = _routine(cfg, host, api_key, found, state["generation"], record)
     stopper = deciding_gate(results)
     if decide(results, cfg.validation.on_inconclusive) is not Decision.promote and stopper:
         sentence = (
