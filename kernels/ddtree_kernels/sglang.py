@@ -991,6 +991,11 @@ class Step:
     def width(self) -> int:
         return int(self.tree.tokens.shape[1])
 
+    @property
+    def links(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tree's (first child, next sibling) [bs, W], as a release's grammar walks it."""
+        return self.tree.retrieve_next_token, self.tree.retrieve_next_sibling
+
     def verify_input(self, cls: Callable[..., Any], **kwargs: Any) -> Any:  # noqa: ANN401
         """The release's `DDTreeVerifyInput` (`cls`) of the tree: `kwargs` (the release's own
         fields) plus the verify width and the tree's fields (`verify_input_fields`: positions

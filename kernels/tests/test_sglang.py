@@ -807,6 +807,9 @@ def test_step_of_a_chain_is_dflash_chain_in_the_block_slots() -> None:
     )  # fmt: skip
     assert _same(step.tree.tokens, draft)
     assert step.cache_loc is block_loc
+    first_child, next_sibling = step.links
+    assert first_child.tolist() == [[1, 2, 3, -1]] * 2
+    assert next_sibling.tolist() == [[-1] * 4] * 2
     vi = step.verify_input(SimpleNamespace, draft_token=draft.reshape(-1))
     assert vi.custom_mask is None
     assert vi.draft_token_num == 4

@@ -21,6 +21,7 @@ backend.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from types import SimpleNamespace
 
@@ -153,9 +154,12 @@ def _accept(worker, tree, prefix, sampling_info=None, draft_input=None, **verify
             tree=tree, mode="tree", cache_loc=None, prefix_lens=prefix,
             block_size=int(worker.block_size),
         )  # fmt: skip
-        logits = verify.pop("next_token_logits")  # 0.5.23's may add its `target_predict`
+        # By keyword, as 0.5.23 calls it in _accept_block's place (0.5.19 to 0.5.22 take the
+        # same names); 0.5.23's verify may add its `target_predict`. A greedy step's draft
+        # input (TEST DOUBLE) holds no top-k: 0.5.23 reads it, the sampler alone uses it.
+        draft_input = draft_input or SimpleNamespace(max_top_k=None, uniform_top_k_value=None)
         out = W.DFlashWorkerV2._ddtree_accept(
-            worker, step, logits, sampling_info, draft_input, **verify
+            worker, step, sampling_info=sampling_info, draft_input=draft_input, **verify
         )
         return (*out, step.accept_index)
     return W.DFlashWorkerV2._ddtree_accept_block(
@@ -232,7 +236,7 @@ def _init(spec, *, hybrid=False, **worker_kw):
         return {"error": f"{type(e).__name__}: {e}"}
     settings = settings_of(worker)
     return {
-        "mode": worker._ddtree_mode,
+        "mode": worker._ddtree.settings.mode,
         "budget": settings.budget,
         "topk": settings.topk,
         # The ops at hand: the fat sets keep them, a set on the module keeps its Verifier
@@ -245,6 +249,14 @@ def _init(spec, *, hybrid=False, **worker_kw):
 @check
 def worker_init():
     return {**init_results(W, _init), "selector": _init(ddtree_spec(), selector=object())}
+
+
+def _ddtree_of(mode):
+    """A worker's DDTREE attributes in `mode` (None: DFLASH): 0.5.19 to 0.5.22 keep the mode,
+    0.5.23 only its Verifier (whose settings hold it)."""
+    settings = ddtree_module.Settings(mode=mode, budget=7, topk=2, width=8) if mode else None
+    verifier = ddtree_module.Verifier(settings, 8) if settings else None
+    return {"_ddtree_mode": mode, "_ddtree": verifier}
 
 
 def _attention_setup(mode, *, hybrid, accept_pool=None):
@@ -263,14 +275,18 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
         backend = SimpleNamespace()  # a dense target's backend: no Mamba commit
     worker = SimpleNamespace(
         **PLACEMENT,
-        _ddtree_mode=mode,
+        **_ddtree_of(mode),
         _draft_worker=SimpleNamespace(init_attention_backends=lambda: None),
         _draft_spec_scope=contextlib.nullcontext,
         model_runner=SimpleNamespace(
-            model_config=SimpleNamespace(hybrid=hybrid), attn_backend=backend
+            model_config=SimpleNamespace(hybrid=hybrid), attn_backend=backend, spec_algorithm=None
         ),
     )
-    with patched(W, **SETUP_SCOPES, mambaish_config=lambda cfg: object() if cfg.hybrid else None):
+    with patched(
+        W, **SETUP_SCOPES, ddtree_draft_spec_scope=lambda *_: contextlib.nullcontext(),
+        get_spec=lambda: None,
+        mambaish_config=lambda cfg: object() if cfg.hybrid else None,
+    ):  # fmt: skip
         try:
             W.DFlashWorkerV2.init_attention_backends(worker)
         except Exception as e:
@@ -284,7 +300,7 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
 
 @check
 def worker_attention_and_sampler():
-    sampler_worker = SimpleNamespace(_ddtree_mode="tree", block_size=8, **TARGET_RANK)
+    sampler_worker = SimpleNamespace(**_ddtree_of("tree"), block_size=8, **TARGET_RANK)
     return {
         "tree_hybrid": _attention_setup("tree", hybrid=True),
         "shadow_hybrid": _attention_setup("shadow_linear", hybrid=True),
@@ -437,14 +453,15 @@ def wide_draft_runner_width():
             ])  # fmt: skip
 
         worker = SimpleNamespace(
-            **PLACEMENT, _ddtree_mode=None, selector=None,
+            **PLACEMENT, **_ddtree_of(None), selector=None,
             model_runner=SimpleNamespace(
                 spec_algorithm=algo, model_config=SimpleNamespace(hybrid=False),
                 attn_backend=SimpleNamespace(),
             ),
             _draft_worker=SimpleNamespace(init_attention_backends=record, init_cuda_graphs=record),
         )  # fmt: skip
-        worker._draft_spec_scope = lambda: W.DFlashWorkerV2._draft_spec_scope(worker)
+        if hasattr(W.DFlashWorkerV2, "_draft_spec_scope"):  # 0.5.20 to 0.5.22's wrapper
+            worker._draft_spec_scope = lambda: W.DFlashWorkerV2._draft_spec_scope(worker)
         graphs_off = SimpleNamespace(
             graph=SimpleNamespace(
                 cuda_graph_config=SimpleNamespace(
@@ -496,9 +513,18 @@ def worker_mamba_commit():
     kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
     if RELEASE != "0.5.19":  # 0.5.20 adds the post-verify lengths to the signature
         kwargs["seq_lens_post_verify"] = torch.tensor([14, 21])
-    W.DFlashWorkerV2._update_target_mamba_state_after_verify(
-        worker, **kwargs, accept_index=accept_index
-    )
+    # 0.5.23 hands over its step (whose rule it is), 0.5.19 to 0.5.22 the step's accept_index.
+    if (
+        "ddtree_step"
+        in inspect.signature(W.DFlashWorkerV2._update_target_mamba_state_after_verify).parameters
+    ):
+        step = ddtree_module.Step(tree=None, mode="tree", cache_loc=None, prefix_lens=None,
+                                  block_size=6, accept_index=accept_index)  # fmt: skip
+        W.DFlashWorkerV2._update_target_mamba_state_after_verify(worker, **kwargs, ddtree_step=step)
+    else:
+        W.DFlashWorkerV2._update_target_mamba_state_after_verify(
+            worker, **kwargs, accept_index=accept_index
+        )
     W.DFlashWorkerV2._update_target_mamba_state_after_verify(worker, **kwargs)
     return {
         "tree_steps": calls[0]["last_correct_step_indices"].tolist(),
