@@ -235,36 +235,35 @@ LINEAGES = (
     # draft_parallel import; its worker keeps the draft placement in `draft_owns_attention`
     # (0.5.23: `draft_parallel_layout`), has no deferred target-verify gather (so no
     # `target_predict`) and no `target_dp_enabled`; its dflash_utils ends past the line 0.5.23's
-    # helpers follow. Two worker hunks that apply were rewritten too: 15 named
-    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 13's
-    # `_ddtree_accept` took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
-    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on
-    # ddtree_kernels.sglang (docs/ddtree-module.md): the failed hunks are the fat sets' ones, the
-    # worker's shifted by one (its import of spec_info's loader, 3, lands).
+    # helpers follow. Worker hunks that apply were rewritten too: the tree proposal's
+    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and
+    # `_ddtree_accept`, which reads 0.5.23's `target_predict`. New sites: an NPU gate whose line
+    # 0.5.23 wraps and DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on
+    # API 2's rules (issue 46: the hybrid set-up, accept, KV plan and recurrent top-k are the
+    # module's), so their 0002, 0004 and 0006 differ only where the releases do; the worker's
+    # failed hunks are its import (2: `from functools import partial` is one more hunk) and
+    # the draft scopes 0.5.22 enters its own way.
     Lineage(
         "0.5.23",
         "0.5.22",
         failed={
             (ENUM, "metrics_reporter.py", 1): _absent("SpeculativeAlgorithm.EAGLE,"),
-            (WORKER, "dflash_worker_v2.py", 1): _absent(
+            (WORKER, "dflash_worker_v2.py", 2): _absent(
                 "from sglang.srt.speculative.dflash_dp import gather_draft_embedding"
             ),
-            (WORKER, "dflash_worker_v2.py", 4): _absent(
+            (WORKER, "dflash_worker_v2.py", 5): _absent(
                 "with draft_pp_context(), draft_tp_context(self.draft_parallel_layout):", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent(
+            (WORKER, "dflash_worker_v2.py", 8): _absent(
                 "self._target_logits_processor = self._defer_target_verify_gather()"
             ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent(
                 "draft_tp_context(self.draft_parallel_layout),"
             ),
-            (WORKER, "dflash_worker_v2.py", 9): _absent(
+            (WORKER, "dflash_worker_v2.py", 10): _absent(
                 "target_dp_enabled = get_parallel().attn_dp_enabled"
             ),
-            (WORKER, "dflash_worker_v2.py", 20): _absent(
-                "target_predict=target_predict,", "removed"
-            ),
-            (HELPERS, "dflash_utils.py", 5): "its lines match only before the end of the "
+            (HELPERS, "dflash_utils.py", 6): "its lines match only before the end of the "
             "previous hunk",
             (MAMBA_POOL, "kv_cache_configurator.py", 1): _absent(
                 "from sglang.srt.speculative.draft_parallel import legacy_draft_attn_tp_size"
