@@ -273,21 +273,35 @@ LINEAGES = (
     ),
     # 0.5.21 enters the draft's TP scope through its own `self.draft_tp_context(group,
     # owns_attention=...)` (0.5.22: `draft_tp_context(self.draft_owns_attention)`), plans no KV
-    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on
-    # ddtree_kernels.sglang (docs/ddtree-module.md), so only the worker is rewritten: its import of
-    # spec_info's loader (3) has 0.5.22's sampling-mask import as context; hunks 15, the tree
-    # proposal, and 17, the verify input, apply but were rewritten into 0.5.21's context (its group
-    # argument; no KV plan for a wider tree's window); the accept hunk (20) reads the logit rows for
-    # a sampling mask 0.5.21 does not capture, and 0.5.21 skips SGLANG_SIMULATE_ACC_LEN's forced
-    # chain acceptance for DDTREE after it. New site: the scheduler's DFlash request validation,
-    # whose method 0.5.22 renamed (widened).
+    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on API 2's rules
+    # (docs/ddtree-module.md), so only the worker is rewritten: its import of spec_info's loader
+    # (4) has 0.5.22's sampling-mask import as context; the tree proposal and the verify input
+    # apply but were rewritten into 0.5.21's context (its group argument; no KV plan for a wider
+    # tree's window); 0.5.21's `_accept_block` also returns its target_predict, so its accept
+    # (21) keeps the tree branch beside DFLASH's call instead of taking its place, and skips
+    # SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for DDTREE after it. New site: the
+    # scheduler's DFlash request validation, whose method 0.5.22 renamed (widened).
     Lineage(
         "0.5.22",
         "0.5.21",
         failed={
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "from sglang.srt.speculative.spec_sampling_mask import ("
             ),
+            (WORKER, "dflash_worker_v2.py", 5): _absent(
+                "self.draft_owns_attention = get_parallel().attn_dp_enabled"
+            ),
+            **{
+                (WORKER, "dflash_worker_v2.py", i): _absent(
+                    "draft_tp_context(self.draft_owns_attention),"
+                )
+                for i in (9, 10)
+            },
+            (WORKER, "dflash_worker_v2.py", 21): "removed line ') = self._accept_block(' does "
+            "not match line 2801 ('target_predict,') at the closest match (9 of 13 lines)",
+        },
+        unreviewed={"widened": 1},
+    ),
             (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "self.draft_owns_attention = get_parallel().attn_dp_enabled"
             ),
