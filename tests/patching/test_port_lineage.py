@@ -302,21 +302,6 @@ LINEAGES = (
         },
         unreviewed={"widened": 1},
     ),
-            (WORKER, "dflash_worker_v2.py", 4): _absent(
-                "self.draft_owns_attention = get_parallel().attn_dp_enabled"
-            ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent(
-                "draft_tp_context(self.draft_owns_attention),"
-            ),
-            (WORKER, "dflash_worker_v2.py", 9): _absent(
-                "draft_tp_context(self.draft_owns_attention),"
-            ),
-            (WORKER, "dflash_worker_v2.py", 20): _absent(
-                "sampling_mask_capture = SpeculativeSamplingMaskCapture.from_logits("
-            ),
-        },
-        unreviewed={"widened": 1},
-    ),
     # 0.5.20 (the last worker that takes `ps`): its replay-SSM refusal asks kimi_linear_config()
     # (0.5.21: self.hybrid_kda_config); its draft-window warning lists ("EAGLE3", "DFLASH") and
     # its DFLASH device check names no `algorithm`; its worker enters no draft_pp_context, passes
