@@ -311,7 +311,9 @@ LINEAGES = (
     # warning (covered), an NPU replay copy 0.5.21 splits in two, the draft runner's input-embeds
     # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm. Both sets are
     # on ddtree_kernels.sglang (docs/ddtree-module.md): the failed hunks are the fat sets' ones, the
-    # worker's one more (its import of spec_info's loader, 3) shifting their indices.
+    # worker's one more (its import of spec_info's loader, 3) shifting their indices; on API 2's
+    # rules (issue 46) the worker's first hunk imports functools.partial for the accept's TP sync
+    # beside 0.5.21's typing import, which 0.5.20 spells otherwise (1), one index more again.
     Lineage(
         "0.5.21",
         "0.5.20",
@@ -321,12 +323,15 @@ LINEAGES = (
                 'if cfg.speculative_algorithm not in ("EAGLE", "EAGLE3", "DFLASH"):', "removed"
             ),
             (SERVER_ARGS, _PS_HOOK, 2): _absent('algorithm = "DFLASH"', "removed"),
-            (WORKER, "dflash_worker_v2.py", 4): _absent(
+            (WORKER, "dflash_worker_v2.py", 1): _absent(
+                "from typing import TYPE_CHECKING, List, Optional, Tuple"
+            ),
+            (WORKER, "dflash_worker_v2.py", 5): _absent(
                 "with draft_pp_context(), draft_init_ctx:", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 10): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 16): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 11): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 17): _absent(
                 "if lilicorr_q_rows is not None and not _is_all_greedy(batch.sampling_info):"
             ),
         },
