@@ -345,8 +345,9 @@ LINEAGES = (
     # its layer ids inline. One hunk lands with fuzz 2 in the wrong place: the tree's retrieve
     # arrays would replace the chain's after the sampling kernel ran, not before, so 0004 was
     # rewritten. 0.5.19 has no gate site 0.5.20's set does not review. Both sets are on
-    # ddtree_kernels.sglang (docs/ddtree-module.md): the worker's spec_info import (hunk 2) lands,
-    # so its failed hunks are the fat sets' lines one index on (4, 6, 8, 9, 15).
+    # ddtree_kernels.sglang (docs/ddtree-module.md): the worker's spec_info import (hunk 3) lands,
+    # so its failed hunks are the fat sets' lines two indices on (5, 7, 9, 10, 16), behind API 2's
+    # functools import (1), which 0.5.19 takes beside its dataclasses import, not `import os`.
     Lineage(
         "0.5.20",
         "0.5.19",
@@ -358,19 +359,20 @@ LINEAGES = (
                 for i in (1, 2)
             },
             (SERVER_ARGS, _PS_HOOK, 2): _absent("if not (", "removed"),
-            (WORKER, "dflash_worker_v2.py", 4): _absent(
+            (WORKER, "dflash_worker_v2.py", 1): _absent("import os"),
+            (WORKER, "dflash_worker_v2.py", 5): _absent(
                 "draft_init_ctx = draft_tp_context(get_parallel().attn_tp_group)"
             ),
-            (WORKER, "dflash_worker_v2.py", 6): _absent(
+            (WORKER, "dflash_worker_v2.py", 7): _absent(
                 "if self._is_domino and self.block_size <= 1:"
             ),
             **{
                 (WORKER, "dflash_worker_v2.py", i): _absent(
                     "with self.draft_tp_context(self.draft_model_runner.tp_group):", "removed"
                 )
-                for i in (8, 9)
+                for i in (9, 10)
             },
-            (WORKER, "dflash_worker_v2.py", 15): _absent("anchor_token_ids=block_ids[:, 0],"),
+            (WORKER, "dflash_worker_v2.py", 16): _absent("anchor_token_ids=block_ids[:, 0],"),
             (MAMBA_POOL, "kv_cache_configurator.py", 3): _absent(
                 "mamba_layer_ids=self._get_mamba_layer_ids_for_req_pool(),"
             ),
