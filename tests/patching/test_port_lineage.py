@@ -378,7 +378,7 @@ LINEAGES = (
             ),
         },
         unreviewed={},
-        fuzzed=((HELPERS, "dflash_utils.py", 3),),
+        fuzzed=((HELPERS, "dflash_utils.py", 4),),  # 3 before API 2 imported load_ddtree
         also_rewritten=(TREE_MASK,),
     ),
 )
