@@ -21,7 +21,6 @@ backend.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 from types import SimpleNamespace
 
@@ -40,9 +39,12 @@ from worker_v2_checks import (
     api_refusal_results,
     argmax_logits,
     branching_case,
+    ddtree_attrs,
     ddtree_module,
     ddtree_spec,
+    greedy_draft_input,
     init_results,
+    mamba_commit,
     patched,
     propose_tree_results,
     settings_of,
@@ -154,10 +156,9 @@ def _accept(worker, tree, prefix, sampling_info=None, draft_input=None, **verify
             tree=tree, mode="tree", cache_loc=None, prefix_lens=prefix,
             block_size=int(worker.block_size),
         )  # fmt: skip
-        # By keyword, as 0.5.23 calls it in _accept_block's place (0.5.19 to 0.5.22 take the
-        # same names); 0.5.23's verify may add its `target_predict`. A greedy step's draft
-        # input (TEST DOUBLE) holds no top-k: 0.5.23 reads it, the sampler alone uses it.
-        draft_input = draft_input or SimpleNamespace(max_top_k=None, uniform_top_k_value=None)
+        # By keyword, as 0.5.22 and 0.5.23 call it in _accept_block's place (0.5.19 to 0.5.21
+        # take the same names); 0.5.23's verify may add its `target_predict`.
+        draft_input = greedy_draft_input(draft_input)
         out = W.DFlashWorkerV2._ddtree_accept(
             worker, step, sampling_info=sampling_info, draft_input=draft_input, **verify
         )
@@ -251,14 +252,6 @@ def worker_init():
     return {**init_results(W, _init), "selector": _init(ddtree_spec(), selector=object())}
 
 
-def _ddtree_of(mode):
-    """A worker's DDTREE attributes in `mode` (None: DFLASH): 0.5.19 to 0.5.22 keep the mode,
-    0.5.23 only its Verifier (whose settings hold it)."""
-    settings = ddtree_module.Settings(mode=mode, budget=7, topk=2, width=8) if mode else None
-    verifier = ddtree_module.Verifier(settings, 8) if settings else None
-    return {"_ddtree_mode": mode, "_ddtree": verifier}
-
-
 def _attention_setup(mode, *, hybrid, accept_pool=None):
     # The real backend classes, built without __init__ (which needs a GPU model runner): the
     # outer HybridLinearAttnBackend holds no topk of its own; its linear sub-backend does.
@@ -275,7 +268,7 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
         backend = SimpleNamespace()  # a dense target's backend: no Mamba commit
     worker = SimpleNamespace(
         **PLACEMENT,
-        **_ddtree_of(mode),
+        **ddtree_attrs(mode),
         _draft_worker=SimpleNamespace(init_attention_backends=lambda: None),
         _draft_spec_scope=contextlib.nullcontext,
         model_runner=SimpleNamespace(
@@ -300,7 +293,7 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
 
 @check
 def worker_attention_and_sampler():
-    sampler_worker = SimpleNamespace(**_ddtree_of("tree"), block_size=8, **TARGET_RANK)
+    sampler_worker = SimpleNamespace(**ddtree_attrs("tree"), block_size=8, **TARGET_RANK)
     return {
         "tree_hybrid": _attention_setup("tree", hybrid=True),
         "shadow_hybrid": _attention_setup("shadow_linear", hybrid=True),
@@ -453,7 +446,7 @@ def wide_draft_runner_width():
             ])  # fmt: skip
 
         worker = SimpleNamespace(
-            **PLACEMENT, **_ddtree_of(None), selector=None,
+            **PLACEMENT, **ddtree_attrs(None), selector=None,
             model_runner=SimpleNamespace(
                 spec_algorithm=algo, model_config=SimpleNamespace(hybrid=False),
                 attn_backend=SimpleNamespace(),
@@ -513,18 +506,7 @@ def worker_mamba_commit():
     kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
     if RELEASE != "0.5.19":  # 0.5.20 adds the post-verify lengths to the signature
         kwargs["seq_lens_post_verify"] = torch.tensor([14, 21])
-    # 0.5.23 hands over its step (whose rule it is), 0.5.19 to 0.5.22 the step's accept_index.
-    if (
-        "ddtree_step"
-        in inspect.signature(W.DFlashWorkerV2._update_target_mamba_state_after_verify).parameters
-    ):
-        step = ddtree_module.Step(tree=None, mode="tree", cache_loc=None, prefix_lens=None,
-                                  block_size=6, accept_index=accept_index)  # fmt: skip
-        W.DFlashWorkerV2._update_target_mamba_state_after_verify(worker, **kwargs, ddtree_step=step)
-    else:
-        W.DFlashWorkerV2._update_target_mamba_state_after_verify(
-            worker, **kwargs, accept_index=accept_index
-        )
+    mamba_commit(W, worker, accept_index, **kwargs)
     W.DFlashWorkerV2._update_target_mamba_state_after_verify(worker, **kwargs)
     return {
         "tree_steps": calls[0]["last_correct_step_indices"].tolist(),
