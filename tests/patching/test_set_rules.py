@@ -9,6 +9,7 @@ as text.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -30,9 +31,18 @@ RULES = {
     "the drafter's block size": r"int\(\w+\.speculative_dflash_block_size\)",
 }
 
-# Sets still writing rules out: issue 46 moves them onto the module release by release (each
-# as a port of a neighbour already on it). A set leaves this list in the commit that moves it.
-NOT_YET_MOVED = tuple(f"0.5.{minor}" for minor in range(15, 19))
+
+MODULE = Path(__file__).parents[2] / "kernels" / "ddtree_kernels" / "sglang.py"
+
+
+def _module_api() -> set[str]:
+    """The module's public names (its `__all__`), read from its source (it imports torch)."""
+    for node in ast.parse(MODULE.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{MODULE} has no __all__")
 
 
 def _added_lines(directory: Path) -> list[str]:
@@ -50,23 +60,17 @@ def _markers(lines: list[str]) -> dict[str, int]:
     return {rule: sum(len(re.findall(rx, line)) for line in lines) for rule, rx in RULES.items()}
 
 
-SETS = {
-    patch_set.directory.name: _markers(_added_lines(patch_set.directory))
+ADDED = {
+    patch_set.directory.name: _added_lines(patch_set.directory)
     for patch_set in load_patch_sets(patch_sets_root())
 }
+SETS = {name: _markers(lines) for name, lines in ADDED.items()}
 
 
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_no_rule_is_written_in_two_sets_or_twice_in_one(rule: str) -> None:
     written = {name: counts[rule] for name, counts in SETS.items() if counts[rule]}
-    moved = {name: n for name, n in written.items() if name not in NOT_YET_MOVED}
-    assert sum(moved.values()) <= 1, f"{rule} is written out in {moved}"
-
-
-def test_the_sets_not_yet_moved_are_the_ones_still_writing_rules() -> None:
-    """The list shrinks as sets move: a listed set that writes no rule any more leaves it."""
-    still_writing = {name for name, counts in SETS.items() if any(counts.values())}
-    assert set(NOT_YET_MOVED) <= still_writing, set(NOT_YET_MOVED) - still_writing
+    assert sum(written.values()) <= 1, f"{rule} is written out in {written}"
 
 
 def test_the_markers_find_the_rules_where_they_were_written() -> None:
@@ -89,3 +93,15 @@ def test_the_markers_find_the_rules_where_they_were_written() -> None:
     }
     assert sorted(before) == sorted(RULES)
     assert all(_markers(lines)[rule] == len(lines) for rule, lines in before.items())
+
+
+def test_every_set_calls_the_module_through_one_interface() -> None:
+    """The loaded module is asked only for its public names, and a worker holds a Verifier
+    (`self._ddtree`), never the module itself (API 1's free functions for the older sets)."""
+    api = _module_api()
+    for name, lines in ADDED.items():
+        text = "\n".join(lines)
+        called = set(re.findall(r"load_ddtree\(\)\.(\w+)", text))
+        called |= set(re.findall(r"\bddtree\.(\w+)\(", text))
+        assert called <= api, f"{name} calls {sorted(called - api)} outside the module's API"
+        assert not re.search(r"self\._ddtree = load_ddtree\(\)\s*$", text, re.MULTILINE), name
