@@ -13,7 +13,6 @@ GPUs: `Group` (TP ranks as threads).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 from types import SimpleNamespace
 
@@ -520,11 +519,10 @@ def worker_double(*, topk: int, budget: int, width: int, block: int) -> SimpleNa
 
 
 def ddtree_attrs(mode):
-    """A worker double's DDTREE attributes in `mode` (None: DFLASH): a set not yet on API 2's
-    rules reads its mode, one on them only its Verifier (whose settings hold the mode)."""
+    """A worker double's DDTREE attribute in `mode` (None: DFLASH): its Verifier, whose
+    settings hold the mode."""
     settings = ddtree_module.Settings(mode=mode, budget=7, topk=2, width=8) if mode else None
-    verifier = ddtree_module.Verifier(settings, 8) if settings else None
-    return {"_ddtree_mode": mode, "_ddtree": verifier}
+    return {"_ddtree": ddtree_module.Verifier(settings, 8) if settings else None}
 
 
 def greedy_draft_input(draft_input):
@@ -534,14 +532,13 @@ def greedy_draft_input(draft_input):
 
 
 def mamba_commit(W, worker, accept_index, **kwargs):
-    """The worker's Mamba commit of a tree step whose path is `accept_index`: a set on API 2's
-    rules hands over the step (whose rule it is), an older one its accept_index."""
-    commit = W.DFlashWorkerV2._update_target_mamba_state_after_verify
-    if "ddtree_step" in inspect.signature(commit).parameters:
-        step = ddtree_module.Step(tree=None, mode="tree", cache_loc=None, prefix_lens=None,
-                                  block_size=6, accept_index=accept_index)  # fmt: skip
-        return commit(worker, **kwargs, ddtree_step=step)
-    return commit(worker, **kwargs, accept_index=accept_index)
+    """The worker's Mamba commit of a tree step whose path is `accept_index` (the step hands
+    its rule over)."""
+    step = ddtree_module.Step(tree=None, mode="tree", cache_loc=None, prefix_lens=None,
+                              block_size=6, accept_index=accept_index)  # fmt: skip
+    return W.DFlashWorkerV2._update_target_mamba_state_after_verify(
+        worker, **kwargs, ddtree_step=step
+    )
 
 
 def settings_of(worker) -> SimpleNamespace:

@@ -270,7 +270,6 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
         **PLACEMENT,
         **ddtree_attrs(mode),
         _draft_worker=SimpleNamespace(init_attention_backends=lambda: None),
-        _draft_spec_scope=contextlib.nullcontext,
         model_runner=SimpleNamespace(
             model_config=SimpleNamespace(hybrid=hybrid), attn_backend=backend, spec_algorithm=None
         ),
@@ -421,7 +420,7 @@ def wide_accept_and_commit():
 @check
 def wide_draft_runner_width():
     """0.5.20's to 0.5.23's runners size themselves from the spec bag (get_spec()) when they
-    are built and set up, so the worker sets up its draft runner inside `_draft_spec_scope`: in
+    are built and set up, so the worker sets up its draft runner inside `ddtree_draft_spec_scope`: in
     DDTREE tree mode the draft runner's backends and CUDA graphs see the drafter's 16-token block
     while the target keeps the 64-token verify width; shadow_linear and DFLASH see their one
     width, untouched.
@@ -453,8 +452,6 @@ def wide_draft_runner_width():
             ),
             _draft_worker=SimpleNamespace(init_attention_backends=record, init_cuda_graphs=record),
         )  # fmt: skip
-        if hasattr(W.DFlashWorkerV2, "_draft_spec_scope"):  # 0.5.20 to 0.5.22's wrapper
-            worker._draft_spec_scope = lambda: W.DFlashWorkerV2._draft_spec_scope(worker)
         graphs_off = SimpleNamespace(
             graph=SimpleNamespace(
                 cuda_graph_config=SimpleNamespace(
