@@ -1206,9 +1206,9 @@ class Verifier:
     """One worker's DDTREE: its settings (checked at start) and block size B, and the pieces of
     its verify step, so a release's worker keeps only the calls at its own hook points."""
 
-    # The module's per-step helpers a worker reaches through its Verifier (it holds no module).
+    # The module's per-step helper a worker reaches through its Verifier (it holds no module);
+    # the recurrent-state steps are its Step's (`Step.mamba_steps`).
     host_prefix_sum = staticmethod(host_prefix_sum)
-    mamba_steps = staticmethod(mamba_steps)
 
     def __init__(self, settings: Settings, block_size: int) -> None:
         self.settings = settings

@@ -1064,7 +1064,6 @@ def test_require_gives_the_module_at_its_api_and_refuses_another_in_one_sentence
 def test_verifier_and_step_reach_the_per_step_helpers() -> None:
     """A worker holds a Verifier, not the module: the per-step helpers hang off it."""
     assert S.Verifier.host_prefix_sum is S.host_prefix_sum
-    assert S.Verifier.mamba_steps is S.mamba_steps
     tree = S.chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
     step = S.Step(tree=tree, mode="shadow_linear", cache_loc=torch.zeros(1, 4),
                   prefix_lens=torch.tensor([5]), block_size=4)  # fmt: skip
