@@ -75,7 +75,7 @@ class FileAndReleaseScheduling(LoadScopeScheduling):
     """xdist's load-scope scheduler with this suite's units (`unit_of`) and order (`rank`)."""
 
     def __init__(self, config: pytest.Config, log: object = None) -> None:
-        super().__init__(config, log)  # type: ignore[arg-type]
+        super().__init__(config, log)
         self._ordered = False
 
     def _split_scope(self, nodeid: str) -> str:

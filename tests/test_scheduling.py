@@ -63,8 +63,8 @@ def _run(
     scheduler = make_scheduler(config, None)  # type: ignore[arg-type]
     nodes = [FakeWorker(f"gw{i}", collection) for i in range(workers)]
     for node in nodes:
-        scheduler.add_node(node)  # type: ignore[arg-type]
-        scheduler.add_node_collection(node, collection)  # type: ignore[arg-type]
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
     scheduler.schedule()
     ran: dict[str, list[str]] = {node.name: [] for node in nodes}
     busy_until = {node.name: 0 for node in nodes}
@@ -73,7 +73,7 @@ def _run(
         index = node.queue.pop(0)
         busy_until[node.name] += ticks.get(collection[index], 1)
         ran[node.name].append(collection[index])
-        scheduler.mark_test_complete(node, index)  # type: ignore[arg-type]
+        scheduler.mark_test_complete(node, index)
     return ran, nodes
 
 
