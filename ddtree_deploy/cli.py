@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 import sys
 import time
 import traceback
@@ -35,6 +37,7 @@ from ddtree_deploy.fleet import (
     walk,
 )
 from ddtree_deploy.fleet.journal import RESUMABLE, command_key
+from ddtree_deploy.hosts.lock import HostBusy
 from ddtree_deploy.patching.audit import AuditReport
 from ddtree_deploy.patching.port import PortReport, write_candidate
 from ddtree_deploy.report import console, render, run_report
@@ -83,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with sink_installed(sink):
                 if cfg.fleet is not None:
                     return _run_fleet(cfg, members, args, run_dir)
-                with sink_installed(_progress):
+                with sink_installed(_progress), _watch_runs_pruned(cfg, run_dir):
                     return _run(cfg, args, run_dir)
         finally:
             sink.close()
@@ -344,6 +347,48 @@ def _run_dir(cfg: DeployConfig) -> Path:
             suffix += 1
         except OSError as err:  # a folder, but not one this user can write to
             raise _unusable_runs_dir(runs, err) from err
+
+
+@contextmanager
+def _watch_runs_pruned(cfg: DeployConfig, run_dir: Path) -> Iterator[None]:
+    """After an action=revalidate run (the watch timer's, every `watch.interval`), its host's
+    older revalidate run folders beyond `watch.keep_runs` (this one included) are removed.
+    Not after a run the host's lock turned away: another run is under way, and its folder
+    may be older than this one's."""
+    turned_away = False
+    try:
+        yield
+    except HostBusy:
+        turned_away = True
+        raise
+    finally:
+        if cfg.action == "revalidate" and not turned_away:
+            _prune_watch_runs(run_dir, cfg.host.name, cfg.watch.keep_runs)
+
+
+def _prune_watch_runs(run_dir: Path, host: str, keep: int) -> None:
+    """Remove the host's revalidate run folders older than `run_dir` beyond the newest
+    `keep - 1`; never a newer one (a run started beside this one)."""
+    # The names `_run_dir` gives them: the stamp, then -N where the name was taken.
+    named = re.compile(rf"(\d{{8}}-\d{{6}})-{re.escape(host)}-revalidate(?:-(\d+))?")
+
+    def started(path: Path) -> tuple[str, int] | None:
+        found = named.fullmatch(path.name)
+        return (found[1], int(found[2] or 0)) if found else None
+
+    own = started(run_dir)
+    if own is None:
+        return
+    older = sorted(
+        (when, path)
+        for path in run_dir.parent.iterdir()
+        if (when := started(path)) is not None and when < own
+    )
+    removed = older[: max(0, len(older) - (keep - 1))]
+    for _, path in removed:
+        shutil.rmtree(path, ignore_errors=True)  # one left behind goes with the next run
+    if removed:
+        emit("watch.runs_pruned", removed=[path.name for _, path in removed])
 
 
 def _unusable_runs_dir(runs: Path, err: OSError) -> ConfigError:

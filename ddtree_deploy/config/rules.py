@@ -41,6 +41,30 @@ PROGRAM_UNSAFE = "\"'\\$"
 KERNEL_MAX_TOPK = 16
 # SGLang's secret arguments: the launcher (kernels/ddtree_launch.py) passes the API key in-process.
 _KEY_FLAGS = ("--api-key", "--admin-api-key")
+# The server arguments the tool writes itself (service/render.py's server_argv and
+# speculative_args, SGLang's aliases included), and the setting each comes from. SGLang's parser
+# keeps the last of a repeated flag, so one in service.extra_args (which ExecStart appends) would
+# silently replace the setting the gates judged: a port the validation does not ask, another
+# algorithm. tests/config/test_extra_args.py renders every config's argv to keep this complete.
+TOOL_FLAGS = {
+    "--model-path": "model.target_path",
+    "--model": "model.target_path",
+    "--tp-size": "service.tp_size",
+    "--tensor-parallel-size": "service.tp_size",
+    "--host": "service.listen_host",
+    "--port": "service.port",
+    "--mem-fraction-static": "service.mem_fraction_static",
+    "--context-length": "model.context_length",
+    "--max-total-tokens": "service.max_total_tokens",
+    "--enable-deterministic-inference": "service.deterministic_inference",
+    "--speculative-algorithm": "algo",
+    "--speculative-draft-model-path": "model.draft_path",
+    "--speculative-draft-model": "model.draft_path",
+    "--speculative-ddtree-budget": "algo.budget",
+    "--speculative-ddtree-topk": "algo.topk",
+    "--speculative-ddtree-mode": "algo.mode",
+    "--speculative-ddtree-allow-hybrid-unsafe": "algo.allow_hybrid_unsafe",
+}
 
 
 def check_config(cfg: DeployConfig) -> None:
@@ -270,14 +294,16 @@ def _unit_problems(cfg: DeployConfig) -> list[str]:
 
 
 def _service_problems(cfg: DeployConfig) -> list[str]:
+    flags = list(dict.fromkeys(a.split("=", 1)[0] for a in cfg.service.extra_args))
     # A key there would stand in the 0644 unit file and on the server's command line.
     problems = _unit_problems(cfg) + [
         f"service.extra_args holds {flag}, which would put a key in the unit file and on the "
         "server's command line; give the API key through service.api_key_env or "
         "service.api_key_file."
-        for flag in dict.fromkeys(a.split("=", 1)[0] for a in cfg.service.extra_args)
+        for flag in flags
         if flag in _KEY_FLAGS
     ]
+    problems += [_repeated_flag(flag, owner) for flag in flags if (owner := _flag_owner(cfg, flag))]
     if cfg.algo.name is not Algo.DDTREE or cfg.algo.mode is not TreeMode.tree:
         return problems
     args = cfg.service.extra_args
@@ -289,6 +315,29 @@ def _service_problems(cfg: DeployConfig) -> list[str]:
         for flag, backend in chosen
         if backend not in TREE_MASK_BACKENDS
     ]
+
+
+def _flag_owner(cfg: DeployConfig, flag: str) -> str | None:
+    """The setting behind a server flag the tool writes itself, where `flag` (from
+    service.extra_args) is that flag or an abbreviation SGLang's parser would expand to it (no
+    flag of 0.5.11 to 0.5.23 is a strict prefix of one of these, so a prefix can only be one)."""
+    if not flag.startswith("--") or flag == "--":
+        return None
+    written = {**TOOL_FLAGS, **dict.fromkeys(
+        (a for a in cfg.sglang.hybrid_speculative_args if a.startswith("--")),
+        "sglang.hybrid_speculative_args")}  # fmt: skip
+    if flag in written:
+        return written[flag]
+    owners = {owner for name, owner in written.items() if name.startswith(flag)}
+    return owners.pop() if len(owners) == 1 else None
+
+
+def _repeated_flag(flag: str, owner: str) -> str:
+    return (
+        f"service.extra_args holds {flag}, a server argument the tool writes from {owner}; "
+        f"set {owner} instead (SGLang keeps the last one given, so it would replace the setting "
+        "the gates judge)."
+    )
 
 
 def _sglang_problems(cfg: DeployConfig) -> list[str]:

@@ -347,6 +347,13 @@ class WatchConfig:
     # re-validates in full, the whole set through linear DFlash, shadow and tree.
     prompt_sample: int = ranged(2, at_least=1, why="prompts")
     policy: WatchPolicy = WatchPolicy.rollback
+    # A routine run judges speed against the stored linear-DFlash baseline only while it is
+    # younger than this; an older one is measured again by a full re-validation (restarts).
+    baseline_max_age_h: float | None = ranged(
+        168.0, above=0, why="hours; null keeps the deploy's baseline for good"
+    )
+    # The newest action=revalidate run folders kept in rollout.runs_dir; older ones are removed.
+    keep_runs: int = ranged(48, at_least=1, why="run folders")
     command: str = "/opt/ddtree-deploy/bin/ddtree-deploy"  # the tool, installed on the host
     # node_exporter's textfile collector folder (`--collector.textfile.directory`); each
     # validation also writes `ddtree_<host>.prom` there. None: the state folder's copy only.

@@ -13,7 +13,9 @@ Changed fingerprint (a driver, CUDA, torch, SGLang file, model, drafter or kerne
 the last passed validation): the deploy's proof no longer holds, and its baseline was measured
 on what changed, so the run re-validates in full as a deploy does: back to linear DFlash, a
 fresh baseline, shadow-linear, tree, promote (a failure leaves linear DFlash serving, whatever
-the policy), and records the new fingerprint when it passes.
+the policy), and records the new fingerprint when it passes. A stored baseline older than
+`watch.baseline_max_age_h` is measured again the same way (measuring it needs linear DFlash
+serving, so a restart), before any speed is judged against it.
 
 A host that serves linear DFlash (the deploy was algo=dflash, or a rollback happened) gets the
 polled gates only.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -36,8 +39,10 @@ from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.validation_flow import (
     GateFailed,
+    StoredBaseline,
     ValidationFailed,
     deploy_validated,
+    note_stored_baseline,
     roll_back_after_failure,
     shadow_judge,
     stored_baseline,
@@ -84,18 +89,23 @@ def revalidate(
     if state.get("algo") != Algo.DDTREE.value or cfg.algo.name is Algo.DFLASH:
         _check_linear(cfg, host, api_key, record, state["generation"])
         return
+    found = stored_baseline(cfg, host, generations)
+    stale = _stale_baseline(cfg, found)
     if changed:
         record.notes.append(
             "The fingerprint changed since the last passed validation ("
             + "; ".join(changed)
             + "); re-validating in full: linear DFlash, shadow-linear, tree."
         )
-        emit("watch.full", changed=changed)
+    if stale:
+        record.notes.append(stale)
+    if changed or stale:
+        emit("watch.full", changed=changed, stale_baseline=stale)
         rollback(cfg, host, to_linear=True)
         deploy_validated(cfg, host, record)
         record_validated(cfg, host, facts)
         return
-    results = _routine(cfg, host, api_key, generations, record)
+    results = _routine(cfg, host, api_key, found, state["generation"], record)
     stopper = deciding_gate(results)
     if decide(results, cfg.validation.on_inconclusive) is not Decision.promote and stopper:
         sentence = (
@@ -116,15 +126,33 @@ def _sample(cfg: DeployConfig) -> list[PromptConfig]:
     return list(cfg.validation.prompts[: max(1, cfg.watch.prompt_sample)])
 
 
+def _stale_baseline(cfg: DeployConfig, found: StoredBaseline | None) -> str | None:
+    """The note of a run that must measure the baseline again (older than
+    `watch.baseline_max_age_h`, or of unknown age); None while it is fresh or absent."""
+    limit = cfg.watch.baseline_max_age_h
+    if found is None or limit is None:
+        return None
+    age = found.age_h(time.time())
+    if age is not None and age <= limit:
+        return None
+    when = f"{age:.1f} h ago" if age is not None else "at an unknown time"
+    return (
+        f"The linear-DFlash baseline (generation {found.generation}) was measured {when}, "
+        f"over watch.baseline_max_age_h={limit:g}; re-validating in full to measure it again "
+        "before judging speed: linear DFlash, shadow-linear, tree."
+    )
+
+
 def _routine(
     cfg: DeployConfig,
     host: ShellHost,
     api_key: Secret | None,
-    generations: GenerationStore,
+    found: StoredBaseline | None,
+    number: int | None,
     record: ValidationRecord,
 ) -> list[GateResult]:
-    """The polled gates, then the sample through the mode's gate and the acceptance gate."""
-    number = generations.state()["generation"]
+    """The polled gates, then the sample through the mode's gate (against `found`, the stored
+    baseline) and the acceptance gate."""
     sample = _sample(cfg)
     sample_cfg = dataclasses.replace(
         cfg, validation=dataclasses.replace(cfg.validation, prompts=sample)
@@ -132,7 +160,6 @@ def _routine(
     probe = ServiceProbe(sample_cfg, host, api_key)
     results = probe.first_gates(Expected.of(sample_cfg))
     measurement = None
-    found = stored_baseline(cfg, host, generations)
     if found is None:
         results.append(
             GateResult(
@@ -143,8 +170,9 @@ def _routine(
             )
         )
     elif all(r.outcome is Outcome.passed for r in results):
+        note_stored_baseline(record, found)
         names = {p.name for p in sample}
-        baseline = _subset(found[1], names)
+        baseline = _subset(found.measurement, names)
         shadow = cfg.algo.mode is TreeMode.shadow_linear
         judge = shadow_judge(baseline) if shadow else tree_judge(baseline)
         ctx = GateContext(sample_cfg, host, number or 0, render_service(cfg, api_key), api_key)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -68,6 +69,21 @@ class ValidationPaused(ValidationFailed):
 
 
 Judge = Callable[[ServiceProbe, GateContext], tuple[list[GateResult], Measurement | None]]
+
+
+@dataclass(frozen=True)
+class StoredBaseline:
+    """A linear-DFlash baseline kept in a generation's folder, and when it was measured."""
+
+    generation: int
+    measurement: Measurement
+    # Unix time; a baseline stored before the time was kept gets its generation's creation
+    # (it was measured no earlier); None where neither is known.
+    measured_at: float | None
+
+    def age_h(self, now: float) -> float | None:
+        """Hours since it was measured; None where that is not known."""
+        return None if self.measured_at is None else (now - self.measured_at) / 3600
 
 
 def deploy_validated(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> DeployOutcome:
@@ -267,22 +283,33 @@ def _baseline_path(cfg: DeployConfig, generation: int | None) -> PurePosixPath:
 
 def _store_baseline(
     cfg: DeployConfig, host: ShellHost, generation: int | None, baseline: Measurement
-) -> None:
-    data = {"prompts_hash": prompts_hash(cfg), "measurement": baseline.to_dict()}
+) -> float:
+    """Keep `baseline` in the generation's folder with the time it was measured (returned):
+    the watch measures it again once older than `watch.baseline_max_age_h`."""
+    measured_at = round(time.time(), 3)
+    data = {
+        "prompts_hash": prompts_hash(cfg),
+        "measured_at": measured_at,
+        "measurement": baseline.to_dict(),
+    }
     host.write_atomic(
         _baseline_path(cfg, generation), json.dumps(data) + "\n", mode=0o600, sudo=True
     )
     emit("validate.baseline.stored", generation=generation, **baseline.summary())
+    return measured_at
 
 
-def _load_baseline(cfg: DeployConfig, host: ShellHost, generation: int) -> Measurement | None:
+def _load_baseline(
+    cfg: DeployConfig, host: ShellHost, generation: int
+) -> tuple[Measurement, float | None] | None:
+    """The baseline stored in `generation` for this prompt set, and when it was measured."""
     text = host.read_text(_baseline_path(cfg, generation), sudo=True)
     if text is None:
         return None
     data: dict[str, Any] = json.loads(text)
     if data.get("prompts_hash") != prompts_hash(cfg):
         return None
-    return Measurement.from_dict(data["measurement"])
+    return Measurement.from_dict(data["measurement"]), data.get("measured_at")
 
 
 def _record_baseline(
@@ -290,19 +317,38 @@ def _record_baseline(
 ) -> tuple[list[GateResult], Measurement | None]:
     """The gate of an `algo=dflash` deploy: measure the new linear service and keep it."""
     baseline = _measure(probe, "linear DFlash", "baseline")
-    _store_baseline(ctx.cfg, ctx.host, ctx.generation, baseline)
-    return [_baseline_result(baseline)], baseline
+    measured_at = _store_baseline(ctx.cfg, ctx.host, ctx.generation, baseline)
+    return [_baseline_result(baseline, measured_at)], baseline
 
 
-def _baseline_result(baseline: Measurement) -> GateResult:
+def _baseline_result(baseline: Measurement, measured_at: float | None) -> GateResult:
+    """The baseline's row; its `measured_at` figure is what the metrics' baseline time shows."""
     accept = baseline.mean_accept_length
+    figures = {k: v for k, v in baseline.summary().items() if k != "per_prompt"}
     return GateResult(
         "baseline",
         Outcome.passed,
         f"Linear DFlash answered {len(baseline.first_pass)} prompts: "
         f"{baseline.tokens_per_s:.1f} tok/s, acceptance "
         + (f"{accept:.2f}." if accept is not None else "not reported."),
-        {k: v for k, v in baseline.summary().items() if k != "per_prompt"},
+        {**figures, "measured_at": measured_at},
+    )
+
+
+def note_stored_baseline(record: ValidationRecord, found: StoredBaseline) -> None:
+    """Add the stored baseline a run compares with to its record, as its baseline phase."""
+    when = (
+        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(found.measured_at))
+        if found.measured_at is not None
+        else "at an unknown time"
+    )
+    record.notes.append(f"Baseline reused from generation {found.generation} (measured {when}).")
+    record.add(
+        "baseline",
+        "linear DFlash (stored)",
+        found.generation,
+        [_baseline_result(found.measurement, found.measured_at)],
+        found.measurement,
     )
 
 
@@ -330,22 +376,20 @@ def measure_baseline(
             record.decide("failed", sentence)
             raise ValidationFailed(sentence, record)
         baseline = _measure(probe, "linear DFlash", "baseline")
-        _store_baseline(cfg, host, current, baseline)
+        measured_at = _store_baseline(cfg, host, current, baseline)
         record.add(
             "baseline",
             algo_summary(linear),
             current,
-            [*gates, _baseline_result(baseline)],
+            [*gates, _baseline_result(baseline, measured_at)],
             baseline,
         )
         boundary("validate.baseline")
         return baseline
     found = stored_baseline(cfg, host, generations)
     if found is not None:
-        number, stored = found
-        record.notes.append(f"Baseline reused from generation {number} (stored earlier).")
-        record.add("baseline", "linear DFlash (stored)", number, [_baseline_result(stored)], stored)
-        return stored
+        note_stored_baseline(record, found)
+        return found.measurement
     sentence = (
         f"{cfg.host.name} does not serve linear DFlash now and has no stored baseline for this "
         "prompt set; deploy algo=dflash first, then algo=ddtree."
@@ -356,7 +400,7 @@ def measure_baseline(
 
 def stored_baseline(
     cfg: DeployConfig, host: ShellHost, generations: GenerationStore
-) -> tuple[int, Measurement] | None:
+) -> StoredBaseline | None:
     """The newest baseline of this prompt set that a linear-DFlash generation stored.
 
     Generation 0 holds what was recorded before any generation (a staging or lab host's).
@@ -368,7 +412,10 @@ def stored_baseline(
             continue
         stored = _load_baseline(cfg, host, number)
         if stored is not None:
-            return number, stored
+            measurement, measured_at = stored
+            if measured_at is None and meta is not None:
+                measured_at = meta.created
+            return StoredBaseline(number, measurement, measured_at)
     return None
 
 
@@ -399,8 +446,8 @@ def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
             raise ValidationFailed(sentence, record)
         shadow = cfg.algo.mode is TreeMode.shadow_linear
         phase = "shadow_linear" if shadow else "tree"
-        judge = shadow_judge(found[1]) if shadow else tree_judge(found[1])
-        record.notes.append(f"Compared with the baseline stored in generation {found[0]}.")
+        judge = shadow_judge(found.measurement) if shadow else tree_judge(found.measurement)
+        record.notes.append(f"Compared with the baseline stored in generation {found.generation}.")
     probe = ServiceProbe(cfg, host, api_key)
     results = probe.first_gates(Expected.of(cfg))
     measurement = None

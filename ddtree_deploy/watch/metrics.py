@@ -2,8 +2,9 @@
 
 Each validation (a deploy's gates, `action=validate`, a re-validation) folds its record into
 `state.json`'s `watch` entry (`fold`): the last verdict of every gate with its time, the last
-acceptance, tokens/s, speedup and worst tie gap, and counters that only grow (runs, failures,
-rollbacks; kept in the state so they persist across runs, as Prometheus counters must).
+acceptance, tokens/s, speedup and worst tie gap, when the linear baseline was measured, and
+counters that only grow (runs, failures, rollbacks; kept in the state so they persist across
+runs, as Prometheus counters must).
 `exposition` renders that entry, every sample labelled with the host, for node_exporter's
 textfile collector and for `action=status output=prometheus`.
 
@@ -74,6 +75,8 @@ def fold(
                 figures["speedup_ratio"] = found["speedup"]
             if found.get("max_gap") is not None:
                 figures["tie_gap_max_nats"] = found["max_gap"]
+            if gate["gate"] == "baseline" and found.get("measured_at") is not None:
+                figures["baseline_timestamp_seconds"] = found["measured_at"]
         summary = phase.get("measurement")
         if summary and phase["name"] != "baseline":
             figures["acceptance_length"] = summary.get("mean_accept_length")
@@ -125,6 +128,7 @@ def families(state: Mapping[str, Any], *, drift: int | None = None) -> list[Fami
         "acceptance_length": "Tokens accepted per verify step in the last measurement.",
         "tokens_per_second": "Tokens/s of the last measurement of the deployed algorithm.",
         "baseline_tokens_per_second": "Tokens/s of the last linear-DFlash baseline.",
+        "baseline_timestamp_seconds": "When the baseline judged against was measured.",
         "speedup_ratio": "The last tree measurement's tokens/s over the baseline's.",
         "tie_gap_max_nats": "The worst gap (nats) of an emitted token below the target's top-1.",
     }

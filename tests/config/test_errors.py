@@ -157,12 +157,12 @@ CASES = [
         id="kv-cap-zero",
     ),
     pytest.param(
-        ["algo=ddtree", "service.extra_args=[--tp-size,1,--attention-backend,fa3]"],
+        ["algo=ddtree", "service.extra_args=[--log-level,info,--attention-backend,fa3]"],
         "service.extra_args sets --attention-backend fa3, but DDTREE tree mode needs a backend that reads the tree mask (flashinfer or triton); SGLang would refuse it at start.",
         id="tree-backend",
     ),
     pytest.param(
-        ["service.extra_args=[--tp-size,1,'--api-key=sk-visible']"],
+        ["service.extra_args=[--log-level,info,'--api-key=sk-visible']"],
         "service.extra_args holds --api-key, which would put a key in the unit file and on the server's command line; give the API key through service.api_key_env or service.api_key_file.",
         id="key-in-extra-args",
     ),

@@ -6,7 +6,8 @@ its unit; the first is the session's `standin_lab`, two more are booted here (ab
 The tests share one unit per host ("fleet") and run in file order (ONE_WORKER_FILES): a rollout
 killed between its canary and its batch, finished by the same command; the same command again,
 a no-op; a host whose lock another run holds; a failed gate under halt, then under
-rollback_all; status over the fleet, one host unreachable. Linear DFlash (algo=dflash) keeps each validated deploy short: the gates still run
+rollback_all; status over the fleet, one host unreachable; the watch's status columns, one
+host drifted. Linear DFlash (algo=dflash) keeps each validated deploy short: the gates still run
 (unit, health, server info, health_generate, the baseline measurement).
 """
 
@@ -23,10 +24,12 @@ from typing import Any
 import pytest
 from hostlab import Container, TestHost
 from product_hosts import ssh_host_overrides
+from standin.lab import MODEL_DIR
 from validate.conftest import StandinLab, boot_standin_lab, key_file
 
 from ddtree_deploy.cli import main
 from ddtree_deploy.hosts.lock import host_lock
+from ddtree_deploy.report import console
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
@@ -264,3 +267,44 @@ def test_status_over_the_fleet_is_one_table_and_an_unreachable_host_fails_it(
     assert verdicts(recap) == {"lab1": "ok", "lab2": "ok", "lab3": "ok", "gone": "unreachable"}
     assert recap["hosts"][3]["detail"].startswith("Cannot reach gone")
     assert "gone: Cannot reach gone" in " ".join(out.split())
+
+
+def test_status_columns_show_each_hosts_last_validation_acceptance_and_drift(
+    labs: dict[str, StandinLab],
+    runs: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch's columns (docs/watch.md, "The fleet view") read each host's own state: a
+    drafter config changed on lab3 since its last passed validation shows there alone."""
+    for name in ("lab1", "lab2", "lab3"):  # each validated at least once (run alone too)
+        if not (state(labs[name]).get("watch") or {}).get("last"):
+            assert main([*fleet_args(labs, runs, batch_size=3), "action=deploy"]) == 0
+            break
+    config = PurePosixPath(MODEL_DIR) / "draft" / "config.json"
+    with labs["lab3"].connect() as host:
+        original = host.read_text(config) or ""
+        host.write_atomic(config, json.dumps({**json.loads(original), "_revision": "b"}))
+    monkeypatch.setattr(console.stdout, "width", 600)
+    try:
+        capsys.readouterr()
+        code = main([*fleet_args(labs, runs), "action=status"])
+        out = capsys.readouterr().out
+    finally:
+        with labs["lab3"].connect() as host:
+            host.write_atomic(config, original)
+    assert code == 1, out
+    rows = {
+        cells[0]: cells
+        for line in out.splitlines()
+        if (cells := [c.strip() for c in line.split("│")[1:-1]]) and cells[0] in NAMES
+    }
+    for name, lab in labs.items():
+        watch = state(lab)["watch"]
+        verdict, accept, drift = rows[name][6:9]
+        assert verdict.startswith("passed " if watch["last"]["passed"] else "failed "), name
+        assert accept == f"{watch['figures']['acceptance_length']:.2f}", name
+        if name == "lab3":
+            assert drift.startswith("drafter config.json changed since the last passed validation")
+        else:
+            assert drift == "none", name

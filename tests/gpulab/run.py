@@ -2,7 +2,7 @@
 
     python3 tests/gpulab/run.py --bundle .lab --out OUT [--root /tmp/ddtree-lab] [--quick]
         [--size tiny|realistic] [--budgets 15,31,63] [--batched ddtree-15] [--planted-bug]
-        | --overhead ROUNDS | --tune
+        | --overhead ROUNDS | --tune [--tune-budgets 15,31,63 --tune-concurrency 1,8,32]
 
 It installs the carried bundle (tests/gpulab/bundle.py made it, for one release) and this
 checkout into one venv that sees the machine's torch, writes the models of `--size` (models.py:
@@ -37,7 +37,8 @@ medians of paired rounds. A follow-up call whose gates an
 earlier one passed buys rounds with `--no-gates` (round 0 one untimed wave per server) and
 `--no-batch-1` (only the `--in-flight` levels).
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
-(tune_lab.py judges and tables it with the product's code).
+(tune_lab.py judges and tables it with the product's code); `--tune-budgets`, `--tune-topks`
+and `--tune-concurrency` replace conf/tune's grid (e.g. the inflated pair over 15,31,63 at 1,8,32).
 
 Results: OUT/results.md (the tables), OUT/results.json, OUT/logs.tar.gz (every run folder and
 server log). The tables are printed last.
@@ -50,6 +51,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -88,7 +90,7 @@ PROFILE_WAIT_S = 240  # for SGLang to export a trace with Python stacks
 PROFILE_QUIET_S = 30  # for one server's export to end before the next server records
 PROFILE_POLL_S = 2  # between looks at a trace being exported
 PROFILE_STOPPED = "Stop profiling"  # SGLang's log line once the steps are recorded (0.5.11-0.5.16)
-TUNE_WAVE = 6  # tune candidates served at once (the default grid in one wave)
+TUNE_GRID = ("budgets", "topks", "concurrency")  # conf/tune's lists that --tune-KEY replaces
 PLANT = REPO / "tests" / "standin" / "plant"  # its sitecustomize plants the bug
 PLANTED_BUG = "wrong_child"  # what DDTREE_LAB_PLANTED_BUG names
 PLANTED_BUDGET = "algo.budget=15"
@@ -103,6 +105,7 @@ class Size:
     service: str  # the service= option of its servers
     shared_gpu: tuple[str, ...]  # overrides for servers that share the GPU
     batch1: tuple[str, ...]  # the batch-1 pass's overrides
+    tune_wave: int = 6  # tune candidates served at once (the default grid in one wave)
 
 
 SIZES = {
@@ -122,8 +125,9 @@ SIZES = {
     ),
     # The trained pair inflated to a realistic shape computing the same function
     # (trained/inflate.py): Qwen3-8B's, or a 27B's (two servers fit the H200 beside each other).
-    "trained-8b": Size("lab_inflated", (), ("validation.repeats=1",)),
-    "trained-27b": Size("lab_inflated", (), ("validation.repeats=1",)),
+    # Tune waves: three 8B servers fit the H100's 80 GB (run 21), two 27B servers the H200's.
+    "trained-8b": Size("lab_inflated", (), ("validation.repeats=1",), tune_wave=3),
+    "trained-27b": Size("lab_inflated", (), ("validation.repeats=1",), tune_wave=2),
 }
 INFLATED = {"trained-8b": "8b", "trained-27b": "27b"}  # size -> inflate.py's --shape
 TRAINED = Path(__file__).with_name("trained")  # the trained size's pipeline
@@ -921,9 +925,11 @@ def run_tune(
     lab: Lab, base: list[str], sweep: list[dict[str, Any]], save: Callable[[], None]
 ) -> str:
     """`action=tune`'s sweep with the lab as service manager (tune_lab.py says why): baselines
-    from linear DFlash at each concurrency, then each candidate served (TUNE_WAVE at a time)
-    and validated at each concurrency; tune_lab.py judges and tables it as the product does."""
+    from linear DFlash at each concurrency, then each candidate served (the size's tune_wave at
+    a time) and validated at each concurrency; tune_lab.py judges and tables it as the product
+    does. `base` holds the grid's overrides (tune_overrides) where the call names one."""
     shared = [model_option("attention", lab.size_name), *lab.size.shared_gpu, *base]
+    wave_size = lab.size.tune_wave
     tune_lab = [str(lab.venv / "bin" / "python"), str(Path(__file__).with_name("tune_lab.py"))]
     grid = json.loads(_run([*tune_lab, "grid", *lab._argv([*shared, "action=tune"])[1:]]))
     levels: list[int] = grid["concurrency"]
@@ -941,7 +947,7 @@ def run_tune(
         lab.stop(baseline)
     pending = [(int(b), int(k)) for b, k in grid["candidates"]]
     while pending:
-        wave, pending = pending[:TUNE_WAVE], pending[TUNE_WAVE:]
+        wave, pending = pending[:wave_size], pending[wave_size:]
         served = []
         for i, (budget, topk) in enumerate(wave):
             overrides = [*shared, "algo=ddtree", f"algo.budget={budget}", f"algo.topk={topk}",
@@ -1040,6 +1046,9 @@ def main() -> int:
                         help="with --overhead: then each server's step timeline from SGLang's "
                         "/start_profile (issue 22)")  # fmt: skip
     parser.add_argument("--tune", action="store_true", help="only the tune sweep (attention)")
+    for key, example in (("budgets", "15,31,63"), ("topks", "4"), ("concurrency", "1,8,32")):
+        parser.add_argument(f"--tune-{key}", metavar="LIST",
+                            help=f"with --tune: tune.{key} instead of conf/tune's, e.g. {example}")  # fmt: skip
     parser.add_argument(
         "--together", default="", help="targets whose cells are served at once, e.g. attention"
     )
@@ -1112,7 +1121,8 @@ def main() -> int:
             run_overhead(lab, plan, base, results["overhead"], save, timelines)
         elif args.tune:
             results["tune_sweep"] = []
-            results["tune"] = run_tune(lab, base, results["tune_sweep"], save)
+            results["tune"] = run_tune(lab, [*base, *tune_overrides(args)], results["tune_sweep"],
+                                       save)  # fmt: skip
         else:
             run_matrix(lab, args, targets, base, cells, save)
     finally:
@@ -1138,6 +1148,20 @@ def check_flags(
               f"{' or '.join(INFLATED)}")  # fmt: skip
     if args.no_batch_1 and not overhead_levels(args.in_flight, batch_1=False):
         error("--no-batch-1 leaves no level: name some with --in-flight, e.g. 32")
+    for key in TUNE_GRID:
+        option = getattr(args, f"tune_{key}")
+        if option is not None and not args.tune:
+            error(f"--tune-{key} is an option of the tune sweep: add --tune")
+        if option is not None and not re.fullmatch(r"[1-9][0-9]*(,[1-9][0-9]*)*", option):
+            error(f"--tune-{key} {option!r} is not a list of positive integers: give e.g. 1,8,32")
+
+
+def tune_overrides(args: argparse.Namespace) -> list[str]:
+    """The tune grid's overrides the call names (--tune-budgets 15,31 -> tune.budgets=[15,31]);
+    the product's own range checks judge the values (a budget past the release's widest verify
+    is refused by the first `action=tune`, in one sentence)."""
+    return [f"tune.{key}=[{option}]" for key in TUNE_GRID
+            if (option := getattr(args, f"tune_{key}")) is not None]  # fmt: skip
 
 
 def in_flight_levels(option: str) -> list[int]:

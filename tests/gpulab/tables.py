@@ -230,15 +230,18 @@ NOISE_COVARIATES = {"steal_pct": "steal %", "cpus_busy": "busy CPUs",
 
 def inflation_table(passes: list[dict[str, Any]]) -> list[str]:
     """The trained pair's acceptance beside its inflated copy's (run.py --small-beside): per
-    level and algorithm, tokens per verify step over every pass each was timed in (token
-    weighted), and their ratio. The two compute the same function, so they differ only where
-    bf16 rounding flips a near-tie and the path moves (GPU lab issue 45 asks within 2%)."""
+    level and algorithm, tokens per verify step (token weighted) over the rounds the small
+    server was timed in, the same requests for both, and their ratio. The two compute the same
+    function, so they differ only where bf16 rounding flips a near-tie and the path moves (GPU
+    lab issue 45 asks within 2%)."""
     lines = []
     for level in _levels(passes):
         at_level = [p for p in passes if p.get("concurrency") == level and p.get("accept_length")]
         for small in dict.fromkeys(p["algo"] for p in at_level if p["algo"].startswith(SMALL)):
-            inflated = _accept(at_level, small.removeprefix(SMALL))
-            mine = _accept(at_level, small)
+            rounds = {p.get("round", 0) for p in at_level if p["algo"] == small}
+            same_rounds = [p for p in at_level if p.get("round", 0) in rounds]
+            inflated = _accept(same_rounds, small.removeprefix(SMALL))
+            mine = _accept(same_rounds, small)
             ratio = f"{inflated / mine:.4f}" if inflated and mine else "-"
             lines.append(f"| {level} | {small.removeprefix(SMALL)} | {inflated or '-'} "
                          f"| {mine} | {ratio} |")  # fmt: skip

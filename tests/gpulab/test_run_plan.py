@@ -646,3 +646,47 @@ def test_the_targets_default_to_both_for_the_matrix_and_attention_for_a_comparis
     assert run.lab_targets(None, overhead=True, tune=False, error=refuse) == ["attention"]
     assert run.lab_targets(None, overhead=False, tune=True, error=refuse) == ["attention"]
     assert run.lab_targets("hybrid", overhead=True, tune=False, error=refuse) == ["hybrid"]
+
+
+def test_the_tune_grid_flags_become_the_products_own_grid(tmp_path: Path) -> None:
+    """--tune-budgets/--tune-topks/--tune-concurrency reach `action=tune` as conf/tune's lists;
+    the grid tune_lab.py serves is the product's `candidates` over them."""
+    import tune_lab
+
+    args = run.argparse.Namespace(tune_budgets="15,31,63", tune_topks="4", tune_concurrency=None)
+    overrides = run.tune_overrides(args)
+    assert overrides == ["tune.budgets=[15,31,63]", "tune.topks=[4]"]
+    cfg = compose_config([*LAB, "service=lab_inflated", "model=lab_attention_trained_8b",
+                          "action=tune", *overrides])  # fmt: skip
+    assert tune_lab.grid(cfg) == {"candidates": [[15, 4], [31, 4], [63, 4]],
+                                  "concurrency": [1, 32]}  # fmt: skip
+
+
+def test_an_inflated_sizes_tune_wave_fits_beside_the_others() -> None:
+    """Six 8B servers at once (the tiny sizes' wave) would not fit the H100 run 21 had."""
+    assert SIZES["trained-8b"].tune_wave == 3
+    assert SIZES["trained-27b"].tune_wave == 2
+    assert SIZES["trained"].tune_wave == 6
+
+
+@pytest.mark.parametrize(
+    ("argv", "sentence"),
+    [(["--tune-budgets", "15,31"], "error: --tune-budgets is an option of the tune sweep: add --tune"),
+     (["--tune", "--tune-concurrency", "1,eight"],
+      "error: --tune-concurrency '1,eight' is not a list of positive integers"),
+     (["--tune", "--tune-topks", "0"], "error: --tune-topks '0' is not a list of positive integers")],
+)  # fmt: skip
+def test_tune_grid_flags_out_of_place_are_refused_in_one_sentence(
+    argv: list[str],
+    sentence: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(out), *argv])
+    with pytest.raises(SystemExit) as exited:
+        run.main()
+    assert exited.value.code == 2
+    assert sentence in capsys.readouterr().err
+    assert not out.exists()

@@ -294,16 +294,19 @@ def test_the_pooled_table_reads_the_results_the_gpu_lab_wrote() -> None:
 
 def test_the_inflation_table_sets_the_trained_pairs_acceptance_beside_the_inflated_pairs() -> None:
     """--small-beside: per level, each small server's token-weighted acceptance beside its
-    inflated counterpart's over all their passes, and their ratio; the small servers stay out
-    of the noise table (timed in two rounds, not every round)."""
+    inflated counterpart's over the rounds the small one was timed in (the same requests), and
+    their ratio; the small servers stay out of the noise table (timed in two rounds, not every
+    round). Run 21 first set all nine inflated rounds against the small pair's two."""
     passes = [
-        {"algo": "dflash", "round": 1, "concurrency": 1, "tokens": 400, "accept_length": 4.0},
-        {"algo": "dflash", "round": 2, "concurrency": 1, "tokens": 600, "accept_length": 5.0},
+        {"algo": "dflash", "round": 0, "concurrency": 1, "tokens": 400, "accept_length": 4.0},
+        {"algo": "dflash", "round": 1, "concurrency": 1, "tokens": 600, "accept_length": 5.0},
+        {"algo": "dflash", "round": 2, "concurrency": 1, "tokens": 900, "accept_length": 3.0},
+        {"algo": "small-dflash", "round": 0, "concurrency": 1, "tokens": 500, "accept_length": 5.0},
         {"algo": "small-dflash", "round": 1, "concurrency": 1, "tokens": 500, "accept_length": 5.0},
         {"algo": "ddtree-63", "round": 1, "concurrency": 1, "tokens": 600, "accept_length": 6.0},
     ]
     lines = inflation_table(passes)
-    # inflated DFLASH: 1000 tokens over 100 + 120 steps; small: 500 over 100
+    # inflated DFLASH over rounds 0 and 1: 1000 tokens over 100 + 120 steps; small: 1000 over 200
     assert lines[2] == "| 1 | dflash | 4.5455 | 5.0 | 0.9091 |"
     assert len(lines) == 3  # ddtree-63 had no small server beside it
     assert inflation_table(passes[:2]) == []

@@ -157,7 +157,8 @@ def write_every_copy(weight: torch.Tensor, copies: int) -> torch.Tensor:
 def place_heads(
     weight: torch.Tensor, plan: Plan, heads: int, new_heads: int, *, query: bool
 ) -> torch.Tensor:
-    """Rows of a q/k/v projection [heads*d, in] at their new heads [new_heads*d, in]."""
+    """Rows of a q/k/v projection [heads*d, in] at their new heads [new_heads*d, in] (o_proj's
+    columns, transposed)."""
     d = plan.head_dim
     out = weight.new_zeros(new_heads * d, weight.shape[1])
     for head in range(heads):
@@ -167,7 +168,8 @@ def place_heads(
 
 
 def pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    """Zero rows appended (MLP gate/up: the extra intermediate units)."""
+    """Zero rows appended (MLP gate/up: the extra intermediate units; down_proj's columns,
+    transposed)."""
     return torch.cat([weight, weight.new_zeros(rows - weight.shape[0], *weight.shape[1:])])
 
 
@@ -202,16 +204,11 @@ def layer_tensors(
     """One inflated decoder layer's tensors (names after `prefix`), from the small layer whose
     tensors `small(name)` gives; `identity` zeroes what the layer writes into the stream."""
     r, heads, kv = plan.copies, config["num_attention_heads"], config["num_key_value_heads"]
-    d = plan.head_dim
-    o_proj = small("self_attn.o_proj.weight")
-    o_big = o_proj.new_zeros(o_proj.shape[0], shape.num_heads * d)
-    for head in range(heads):
-        at = plan.query_head(head)
-        o_big[:, at * d : (at + 1) * d] = o_proj[:, head * d : (head + 1) * d]
-    down = small("mlp.down_proj.weight")
-    down_big = torch.cat(
-        [down, down.new_zeros(down.shape[0], shape.intermediate_size - down.shape[1])], dim=1
-    )
+    # o_proj's columns are its query heads and down_proj's its MLP units: placed and padded as
+    # q_proj's and gate_proj's rows are.
+    o_big = place_heads(small("self_attn.o_proj.weight").T, plan, heads, shape.num_heads,
+                        query=True).T  # fmt: skip
+    down_big = pad_rows(small("mlp.down_proj.weight").T, shape.intermediate_size).T
     tensors = {
         "input_layernorm.weight": tile_stream(small("input_layernorm.weight"), r),
         "post_attention_layernorm.weight": tile_stream(small("post_attention_layernorm.weight"), r),
