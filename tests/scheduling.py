@@ -36,6 +36,9 @@ ONE_WORKER_FILES = (
     "tests/watch/test_watch_lab.py",
     # one unit per fleet host, the rollouts in file order (about 7 min)
     "tests/fleet/test_fleet_hosts.py",
+    # one test: two deploys, two routine and one full re-validation (minutes); sent last in
+    # collection order, it would keep one worker busy after the others are done
+    "tests/watch/test_watch_baseline_lab.py",
     # one test: a clone, its venv and a validated deploy from it (minutes)
     "tests/validate/test_checkout_under_tmp.py",
     # its module fixture builds the wheel in the checkout's build/: two workers raced there
