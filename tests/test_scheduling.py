@@ -6,11 +6,18 @@ takes a set number of ticks, so which worker ran what is deterministic.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 from scheduling import ONE_WORKER_FILES, make_scheduler, next_unit, unit_of
 
 VALIDATED, TUNE, WATCH, FLEET = ONE_WORKER_FILES[:4]
+
+
+def test_every_file_the_order_names_exists() -> None:
+    """A renamed file would silently lose its place (and its tests their shared worker)."""
+    root = Path(__file__).resolve().parents[1]
+    assert [path for path in ONE_WORKER_FILES if not (root / path).is_file()] == []
 
 
 def test_a_test_belongs_to_its_file_its_release_or_itself() -> None:
