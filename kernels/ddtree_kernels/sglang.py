@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -38,8 +38,11 @@ from ddtree_kernels import ops
 from ddtree_kernels.reference import accept_outputs
 from ddtree_kernels.types import Tree, Walk
 
-API_VERSION = 1
+API_VERSION = 2
 
+# What a set may call (API 2): `require`, the rules its DFLASH-shared hooks ask (behind the
+# release's own `is_ddtree()` check, so DFLASH never loads this module), the server-argument
+# resolution, and one worker's `Verifier` with its `Step`s. Everything else is the module's own.
 __all__ = [
     "API_VERSION",
     "HYBRID_REFUSAL",
@@ -50,31 +53,16 @@ __all__ = [
     "TPGroup",
     "TreeArgs",
     "Verifier",
-    "accept_outputs",
-    "accept_tree",
-    "block_rows",
-    "build_verify_tree",
-    "chain_tree",
+    "WindowAccept",
     "check_attention_backends",
-    "check_hybrid_target",
-    "commit_path",
-    "draft_topk_logprobs",
-    "flat_tree_mask",
-    "host_prefix_sum",
-    "lm_head_topk_logprobs",
-    "mamba_steps",
-    "merge_tp_topk",
-    "pad_tree",
-    "propose_tree",
+    "default_attention_backend",
+    "draft_block_size",
+    "recurrent_topk",
     "require",
     "resolve_server_args",
     "resolve_settings",
     "resolve_tree_args",
-    "tree_retrieve",
-    "tree_sampler",
-    "verify_input_fields",
-    "walk_from_sampling",
-    "window_cache_loc",
+    "tree_mode",
 ]
 
 
@@ -293,6 +281,51 @@ def check_attention_backends(
         )
 
 
+# ------------------------------------------------------------------ rules DFLASH's hooks ask
+# A set's hooks in code DFLASH shares (its graph runner, its draft runner's setup, its recurrent
+# pools, its default attention backend) first ask the release's `is_ddtree()` (or compare the
+# algorithm's name), and only then one of these: DFLASH never loads the module.
+
+
+def tree_mode(args: Any) -> bool:  # noqa: ANN401 (server arguments or spec bag, read by name)
+    """Whether DDTREE verifies a draft tree under a tree mask ("tree"), rather than DFLASH's
+    own chain through the DDTree path (shadow_linear: DFLASH's width, mask and kernels)."""
+    return str(getattr(args, "speculative_ddtree_mode", "tree")) == "tree"
+
+
+def draft_block_size(args: Any) -> int:  # noqa: ANN401 (as tree_mode)
+    """The drafter's block size B. Tree mode widens the target's verify width
+    (`speculative_num_draft_tokens`) to fit the tree and keeps B in
+    `speculative_dflash_block_size` (`resolve_server_args` writes both); otherwise they are
+    one number."""
+    if tree_mode(args):
+        return int(args.speculative_dflash_block_size)
+    return int(args.speculative_num_draft_tokens)
+
+
+def _tree_recurrent_topk(topk: int | None) -> int:
+    """A release's recurrent (Mamba/GDN) kernels follow a tree's first-child/next-sibling links,
+    and keep one conv window per node, only on their top-k > 1 path (an EAGLE tree's), while
+    DFLASH keeps `speculative_eagle_topk` at 1: a tree runs them at top-k 2 or more."""
+    return max(int(topk or 0), 2)
+
+
+def recurrent_topk(args: Any, topk: int | None) -> int | None:  # noqa: ANN401 (as tree_mode)
+    """The top-k a release's recurrent layers and pools are set up with: `topk` (the release's
+    `speculative_eagle_topk`), raised for a tree (`_tree_recurrent_topk`); shadow_linear's chain
+    keeps it."""
+    return _tree_recurrent_topk(topk) if tree_mode(args) else topk
+
+
+def default_attention_backend(args: Any, *, flashinfer_available: bool) -> str | None:  # noqa: ANN401
+    """The attention backend a tree verifies with when none was named: one that honours a
+    custom tree mask (`TREE_MASK_BACKENDS`; the FA3 and TRT-LLM defaults do not), flashinfer
+    where it is installed. None (the release's own default) for shadow_linear."""
+    if not tree_mode(args):
+        return None
+    return "flashinfer" if flashinfer_available else "triton"
+
+
 # ------------------------------------------------------------------ draft log-probs
 
 
@@ -496,13 +529,16 @@ def propose_tree(
     prefix_lens_sum: int,
     prefix_lens_sum_exact: bool,
     tp_group: TPGroup | None,
+    added_vocab: bool = False,
 ) -> Tree:
     """Tree mode's draft: top-k log-probs of the drafter's hidden states [bs, B, H] (row 0 is
     the root's, not drafted) over the full vocabulary through the target's `lm_head`, then the
     best-first tree at the verify width with its mask (`build_verify_tree`). The release's hook
-    picks `prefix_lens_sum` (a host number, no device sync) and the TP group."""
+    picks `prefix_lens_sum` (a host number, no device sync) and the TP group; `added_vocab`
+    (worker v1) reads the head through `vocab_parallel_topk_logprobs`, added rows included."""
     bs, block, hidden_size = draft_hidden.shape
-    logp, ids = lm_head_topk_logprobs(
+    topk_logprobs = vocab_parallel_topk_logprobs if added_vocab else lm_head_topk_logprobs
+    logp, ids = topk_logprobs(
         draft_hidden[:, 1:, :].reshape(-1, hidden_size), lm_head, topk, tp_group
     )
     return build_verify_tree(
@@ -741,18 +777,10 @@ def mamba_steps(
     return last, node.masked_fill(steps_to_track < 0, -1)
 
 
-# ------------------------------------------------------------------ added to API 1 (worker v1)
-# Public names added after API 1 first shipped, for the worker-v1 sets (0.5.11 to 0.5.13): their
-# DFlashWorker accepts through a verify input's `_accept_drafts` (candidates in commit order) and
-# draws the target's token at every node itself. Adding names needs no bump (old sets never call
-# them); these follow the same rule from here on.
-
-__all__ += [
-    "path_rows",
-    "sample_target_tokens",
-    "vocab_parallel_topk_logprobs",
-    "walk_tree",
-]
+# ------------------------------------------------------------------ the worker-v1 pieces
+# The worker-v1 releases (0.5.11 to 0.5.13) accept through a verify input's hook (their
+# DFlashVerifyInput.verify), draw the target's token at every node themselves and serve a head
+# with added vocabulary: `Verifier.propose(added_vocab=True)` and `Step.accept_window` use these.
 
 
 def vocab_parallel_topk_logprobs(
@@ -931,17 +959,28 @@ def host_prefix_sum(
     return int(prefix_lens.sum().item()), True
 
 
+class WindowAccept(NamedTuple):
+    """`Step.accept_window`'s outputs: what DFLASH's verify continues with."""
+
+    candidates: torch.Tensor  # [bs, W] the window's tokens, the path first
+    accepted: torch.Tensor  # [bs] accepted drafts (the path's nodes after the root)
+    bonus: torch.Tensor  # [bs] the target's token after the path
+    out_cache_loc: torch.Tensor  # [bs * W] the slots, the path's first where they were reordered
+    hidden_states: torch.Tensor | None  # the verify's hidden rows, the path's first
+
+
 @dataclass
 class Step:
     """One verify step of DDTREE: the tree verified (shadow_linear: DFLASH's chain as a tree),
-    the KV slots [bs, W] its nodes are verified in, and, once accepted, the path's nodes in tree
-    mode. A chain's path is its own first nodes, which is what the release's chain code (its
+    the KV slots [bs, W] its nodes are verified in (None for worker v1, whose verify input
+    reserves them and hands them to `accept_window`), and, once accepted, the path's nodes in
+    tree mode. A chain's path is its own first nodes, which is what the release's chain code (its
     commit, its recurrent-state commit) already assumes, so a chain keeps none: a set that asks
     `accept_index` for its Mamba commit runs DFLASH's own there, with no steps of ours."""
 
     tree: Tree
     mode: str
-    cache_loc: torch.Tensor
+    cache_loc: torch.Tensor | None
     prefix_lens: torch.Tensor
     block_size: int
     accept_index: torch.Tensor | None = None
@@ -951,6 +990,11 @@ class Step:
     @property
     def width(self) -> int:
         return int(self.tree.tokens.shape[1])
+
+    @property
+    def links(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tree's (first child, next sibling) [bs, W], as a release's grammar walks it."""
+        return self.tree.retrieve_next_token, self.tree.retrieve_next_sibling
 
     def verify_input(self, cls: Callable[..., Any], **kwargs: Any) -> Any:  # noqa: ANN401
         """The release's `DDTreeVerifyInput` (`cls`) of the tree: `kwargs` (the release's own
@@ -985,6 +1029,124 @@ class Step:
         self._keep_path(nodes)
         return tuple(outputs)
 
+    def accept_with(
+        self,
+        next_token_logits: torch.Tensor,
+        sampling_info: Any,  # noqa: ANN401 (the release's SamplingBatchInfo, or None)
+        *,
+        sampler: Callable[..., tuple[torch.Tensor, ...]] | None,
+        target_predict: torch.Tensor | None = None,
+        sync_sample: Callable[[torch.Tensor], None] | None = None,
+        sync_greedy: Callable[[torch.Tensor], None] | None = None,
+        **sampler_kwargs: Any,  # noqa: ANN401 (the release's own sampler arguments)
+    ) -> tuple[torch.Tensor, ...]:
+        """A worker-v2 release's accept, DFLASH's five outputs: sampled through the release's
+        sampled-verify function `sampler` (None where the release cannot sample) when
+        `sampling_info` samples and the verify gather took no argmax (`target_predict`, 0.5.23's
+        deferred gather), with `sampling_info` and `sampler_kwargs`; otherwise greedy, by the
+        kernels' walk over `target_predict` or the logits' argmax. `sync_sample`/`sync_greedy`
+        (the release's TP sync, 0.5.19+) broadcast each decision from TP rank 0 before the walk:
+        the sampler's accepted drafts, accept_index and predicts; the greedy argmax [bs, W]."""
+        greedy = sampling_info is None or sampling_info.is_all_greedy
+        if sampler is not None and target_predict is None and not greedy:
+
+            def synced(**kwargs: Any) -> tuple[torch.Tensor, ...]:  # noqa: ANN401
+                out = sampler(**kwargs)
+                if sync_sample is not None:
+                    for t in (out[0], out[2], out[3]):  # accepted, accept_index, predicts
+                        sync_sample(t)
+                return out
+
+            sample = self.sampler(synced, sampling_info=sampling_info, **sampler_kwargs)
+            return self.accept(next_token_logits, sample)
+        if target_predict is None and sync_greedy is None:
+            return self.accept(next_token_logits)  # one kernel: the argmax walk
+        if target_predict is None:
+            target_predict = torch.argmax(next_token_logits, dim=-1)
+        target_predict = target_predict.view(-1, self.width)
+        if sync_greedy is not None:
+            sync_greedy(target_predict)
+        return self.accept_target(target_predict)
+
+    def accept_window(
+        self,
+        next_token_logits: torch.Tensor,
+        sampling_info: Any,  # noqa: ANN401 (the release's SamplingBatchInfo, or None)
+        *,
+        page_size: int,
+        out_cache_loc: torch.Tensor,
+        move_kv_cache: Callable[[torch.Tensor, torch.Tensor], None],
+        hidden_states: torch.Tensor | None,
+    ) -> WindowAccept | None:
+        """A worker-v1 release's accept (0.5.11 to 0.5.13, whose DFlashVerifyInput.verify accepts
+        and commits the window itself): the walk over the target's token at every node (its
+        argmax, or a draw from its filtered distribution, `sample_target_tokens`), then the path
+        laid out as DFLASH's commit expects, so row j <= accepted drafts of each window (slot,
+        KV, hidden row, candidate) is the path's j-th node. Page size 1 reorders the slots
+        (`out_cache_loc` [bs * W]); pages keep them and copy the path's KV to the front
+        (`move_kv_cache`). None: shadow_linear sampled, which is DFLASH's own sampled chain
+        verify (same kernel, same draws: exact equality with DFLASH)."""
+        sampled = sampling_info is not None and not sampling_info.is_all_greedy
+        if self.mode != "tree" and sampled:
+            return None
+        bs, width = self.tree.tokens.shape
+        if sampled:
+            top_p = getattr(sampling_info, "need_top_p_sampling", False)
+            target = sample_target_tokens(
+                next_token_logits,
+                width,
+                temperatures=sampling_info.temperatures,
+                top_ks=sampling_info.top_ks,
+                top_ps=sampling_info.top_ps if top_p else None,
+            )
+        else:
+            target = torch.argmax(next_token_logits, dim=-1)
+        walk = walk_tree(self.tree.tokens, self.tree.parents, target.view(bs, width), width)
+        self._keep_path(walk.accept_index)
+        if self.accept_index is None:  # a chain: its path is its own first nodes
+            return WindowAccept(
+                self.tree.tokens, walk.accept_len - 1, walk.bonus, out_cache_loc, hidden_states
+            )
+        rows = path_rows(walk.accept_index, width)
+        if page_size == 1:  # free-standing slots: reorder them, the KV stays where it is
+            out_cache_loc = out_cache_loc[rows]
+        else:  # pages need the window's slots in place: copy the path's KV to the front
+            cache_loc = ops.as_dtype(out_cache_loc.view(bs, width), torch.int64)
+            _move_path_kv(walk.accept_index, cache_loc, move_kv_cache, 0, width)
+        if hidden_states is not None:
+            hidden_states = hidden_states[rows]
+        candidates = self.tree.tokens.reshape(-1)[rows].view(bs, width)
+        return WindowAccept(
+            candidates, walk.accept_len - 1, walk.bonus, out_cache_loc, hidden_states
+        )
+
+    def kv_plan(
+        self,
+        block_plan: Any,  # noqa: ANN401 (the release's plan of the block's slots)
+        plan: Callable[..., Any],
+        **kwargs: Any,  # noqa: ANN401 (the release's own plan arguments)
+    ) -> Any:  # noqa: ANN401
+        """The target verify's KV plan (0.5.22 on: `kv_loc_plan`): a tree wider than the block
+        verifies in its own window (`window_cache_loc`), so the release's `plan` is asked for it
+        (written at `cache_loc`, read `width` wide, plus `kwargs`); otherwise the block's
+        `block_plan` stands."""
+        if self.width <= self.block_size:
+            return block_plan
+        assert self.cache_loc is not None, "a worker-v2 step holds its slots"
+        return plan(write_virtual=self.cache_loc.reshape(-1), read_extent=self.width, **kwargs)
+
+    def mamba_steps(
+        self,
+        commit_lens: torch.Tensor,
+        accepted_steps: torch.Tensor,
+        steps_to_track: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The recurrent-state commit's (accepted step, step to track): a tree's are nodes
+        along its accepted path (`mamba_steps`); a chain keeps the release's own."""
+        if self.accept_index is None:
+            return accepted_steps, steps_to_track
+        return mamba_steps(self.accept_index, commit_lens, steps_to_track)
+
     def _keep_path(self, nodes: torch.Tensor) -> None:
         """The accepted path's nodes [bs, A] in tree mode; a chain keeps none (see the class)."""
         self.accept_index = nodes if self.mode == "tree" else None
@@ -1011,6 +1173,7 @@ class Step:
         if self.mode != "tree":
             return hidden_states
         assert self.accept_index is not None, "commit before accept"
+        assert self.cache_loc is not None, "a worker-v2 step holds its slots"
         rows = 0 if hidden_states is None else int(hidden_states.shape[0])
         self._row_order = _move_path_kv(
             self.accept_index, self.cache_loc, move_kv_cache, rows, self.width
@@ -1033,6 +1196,7 @@ class Step:
         assert self.accept_index is not None, "commit before accept"
         order = self._row_order
         if order is None or order.shape[0] != x.shape[0]:
+            assert self.cache_loc is not None, "a worker-v2 step holds its slots"
             order = ops.commit_indices(self.accept_index, self.cache_loc, int(x.shape[0])).row_order
         bs = int(self.tree.tokens.shape[0])
         return block_rows(x[order], bs, self.width, self.block_size)
@@ -1042,13 +1206,37 @@ class Verifier:
     """One worker's DDTREE: its settings (checked at start) and block size B, and the pieces of
     its verify step, so a release's worker keeps only the calls at its own hook points."""
 
-    # The module's per-step helpers a worker reaches through its Verifier (it holds no module).
+    # The module's per-step helper a worker reaches through its Verifier (it holds no module);
+    # the recurrent-state steps are its Step's (`Step.mamba_steps`).
     host_prefix_sum = staticmethod(host_prefix_sum)
-    mamba_steps = staticmethod(mamba_steps)
 
     def __init__(self, settings: Settings, block_size: int) -> None:
         self.settings = settings
         self.block_size = int(block_size)
+
+    @property
+    def tree(self) -> bool:
+        """Tree mode (a draft tree under a tree mask); False for shadow_linear's chain."""
+        return self.settings.mode == "tree"
+
+    def set_up_linear_attention(self, linear_backend: Any) -> None:  # noqa: ANN401
+        """Tree mode on a hybrid target (allowed by the flag), before any CUDA graph is captured:
+        the release's linear-attention backend runs its recurrent kernels along the tree's links
+        (`_tree_recurrent_topk`). Refused, in one sentence, where it has no top-k (no tree path)
+        or keeps a fused-accept state (KDA's, chain layout only). A chain needs nothing."""
+        if not self.tree:
+            return
+        if not hasattr(linear_backend, "topk"):
+            raise ValueError(
+                "DDTREE tree mode on this hybrid target has no linear-attention "
+                "tree path; use --speculative-ddtree-mode shadow_linear."
+            )
+        if getattr(linear_backend, "accept_lens_pool", None) is not None:
+            raise ValueError(
+                "DDTREE tree mode cannot commit the KDA fused-accept state "
+                "(chain layout only); use --speculative-ddtree-mode shadow_linear."
+            )
+        linear_backend.topk = _tree_recurrent_topk(linear_backend.topk)
 
     @classmethod
     def start(
@@ -1085,9 +1273,10 @@ class Verifier:
         prefix_lens: torch.Tensor,
         host_sum: tuple[int, bool],
         tp_group: TPGroup | None,
+        added_vocab: bool = False,
     ) -> Tree:
         """Tree mode's draft at these settings (`propose_tree`); `host_sum` is
-        `host_prefix_sum`'s (sum, exact)."""
+        `host_prefix_sum`'s (sum, exact); `added_vocab` for a worker-v1 head."""
         return propose_tree(
             draft_hidden=draft_hidden,
             lm_head=lm_head,
@@ -1099,6 +1288,7 @@ class Verifier:
             prefix_lens_sum=host_sum[0],
             prefix_lens_sum_exact=host_sum[1],
             tp_group=tp_group,
+            added_vocab=added_vocab,
         )
 
     def step(
@@ -1107,18 +1297,21 @@ class Verifier:
         tree: Tree | None,
         draft_tokens: torch.Tensor,
         prefix_lens: torch.Tensor,
-        block_cache_loc: torch.Tensor,
-        req_to_token: torch.Tensor,
-        req_pool_indices: torch.Tensor,
+        block_cache_loc: torch.Tensor | None = None,
+        req_to_token: torch.Tensor | None = None,
+        req_pool_indices: torch.Tensor | None = None,
     ) -> Step:
         """The step of a proposed `tree`, or (None, shadow_linear) of DFLASH's `draft_tokens`
         chain. A tree wider than B verifies in the first W slots of the window the release
-        reserved for W (`window_cache_loc`); otherwise in the block's own `block_cache_loc`."""
+        reserved for W (`window_cache_loc`); otherwise in the block's own `block_cache_loc`.
+        Worker v1 passes no slots: its verify input reserves the window (`accept_window`)."""
         if tree is None:
             tree = chain_tree(draft_tokens, prefix_lens)
         cache_loc = block_cache_loc
         width = int(tree.tokens.shape[1])
-        if width > self.block_size:
+        if cache_loc is not None and width > self.block_size:
+            assert req_to_token is not None, "a window wider than the block needs req_to_token"
+            assert req_pool_indices is not None, "and the batch's req_pool_indices"
             cache_loc = window_cache_loc(req_to_token, req_pool_indices, prefix_lens, width)
         return Step(
             tree=tree,

@@ -807,6 +807,9 @@ def test_step_of_a_chain_is_dflash_chain_in_the_block_slots() -> None:
     )  # fmt: skip
     assert _same(step.tree.tokens, draft)
     assert step.cache_loc is block_loc
+    first_child, next_sibling = step.links
+    assert first_child.tolist() == [[1, 2, 3, -1]] * 2
+    assert next_sibling.tolist() == [[-1] * 4] * 2
     vi = step.verify_input(SimpleNamespace, draft_token=draft.reshape(-1))
     assert vi.custom_mask is None
     assert vi.draft_token_num == 4
@@ -848,6 +851,166 @@ def test_step_of_a_wide_tree_verifies_in_the_window_and_commits_the_path() -> No
     assert pool[103:107].tolist() == [103.0, 105.0, 106.0, 108.0]
     assert rows is not None
     assert rows[:, 0].tolist() == [0.0, 20.0, 30.0, 50.0]
+
+
+# ------------------------------------------------------------------ API 2: the rules, once
+
+
+def test_the_rules_dflash_hooks_ask_follow_the_mode() -> None:
+    """The tree-mode predicate, the drafter's block, the recurrent top-k (a tree needs >= 2) and
+    the default attention backend: one rule each, read off the mode."""
+    tree = _args(speculative_num_draft_tokens=32, speculative_dflash_block_size=16)
+    shadow = _args(speculative_ddtree_mode="shadow_linear", speculative_num_draft_tokens=16)
+    assert (S.tree_mode(tree), S.tree_mode(shadow)) == (True, False)
+    assert S.tree_mode(SimpleNamespace())  # a bag without the field: the default mode
+    assert (S.draft_block_size(tree), S.draft_block_size(shadow)) == (16, 16)
+    assert [S.recurrent_topk(tree, k) for k in (None, 0, 1, 2, 4)] == [2, 2, 2, 2, 4]
+    assert [S.recurrent_topk(shadow, k) for k in (None, 1, 4)] == [None, 1, 4]
+    assert S.default_attention_backend(tree, flashinfer_available=True) == "flashinfer"
+    assert S.default_attention_backend(tree, flashinfer_available=False) == "triton"
+    assert S.default_attention_backend(shadow, flashinfer_available=True) is None
+
+
+def test_set_up_linear_attention_raises_a_trees_topk_or_refuses() -> None:
+    """Tree mode on a hybrid target: the linear backend's top-k goes to >= 2; a backend with no
+    top-k or with KDA's fused-accept pool is refused in one sentence; a chain changes nothing."""
+    linear = SimpleNamespace(topk=0, accept_lens_pool=None)  # TEST DOUBLE: a linear backend
+    _verifier("tree", 7, 8, 8).set_up_linear_attention(linear)
+    assert linear.topk == 2
+    chain = SimpleNamespace(topk=0)
+    _verifier("shadow_linear", 7, 8, 8).set_up_linear_attention(chain)
+    assert chain.topk == 0
+    with pytest.raises(ValueError, match="no linear-attention tree path"):
+        _verifier("tree", 7, 8, 8).set_up_linear_attention(SimpleNamespace())
+    with pytest.raises(ValueError, match="KDA fused-accept state"):
+        _verifier("tree", 7, 8, 8).set_up_linear_attention(
+            SimpleNamespace(topk=1, accept_lens_pool=object())
+        )
+
+
+def _branching_step(mode: str = "tree") -> tuple[S.Step, torch.Tensor]:
+    tokens, parents, target = _branching_case()
+    tree = S.chain_tree(tokens, torch.tensor([3]))._replace(parents=parents)
+    step = S.Step(tree=tree, mode=mode, cache_loc=torch.arange(6).view(1, 6) + 100,
+                  prefix_lens=torch.tensor([3]), block_size=4)  # fmt: skip
+    return step, target
+
+
+def test_accept_with_greedy_walks_the_argmax_and_syncs_it_first() -> None:
+    """Greedy (no sampler, all-greedy, or the gather's argmax given): the kernels' walk; with a
+    TP sync the argmax [bs, W] is broadcast before the walk."""
+    step, target = _branching_step()
+    logits = _argmax_logits(target, 100)
+    plain = step.accept_with(logits, None, sampler=None)
+    synced: list[list[list[int]]] = []
+    step2, _ = _branching_step()
+    given = step2.accept_with(
+        torch.zeros_like(logits), SimpleNamespace(is_all_greedy=False),
+        sampler=lambda **kw: pytest.fail("sampled"), target_predict=target.reshape(-1),
+        sync_greedy=lambda t: synced.append(t.tolist()),
+    )  # fmt: skip
+    assert [t.tolist() for t in plain] == [t.tolist() for t in given]
+    assert plain[0].tolist() == [3]
+    assert plain[2].tolist() == [77]
+    assert synced == [target.tolist()]
+    assert step2.accept_index is not None
+    assert step2.accept_index.tolist() == [[0, 2, 3, 5]]
+
+
+def test_accept_with_samples_through_the_release_sampler_and_syncs_its_outputs() -> None:
+    step, _ = _branching_step()
+    seen: dict[str, object] = {}
+    synced: list[object] = []
+    accept_index = torch.tensor([[0, 2, 3, -1]])
+    predicts = torch.tensor([0, 0, 20, 31, 0, 0])
+
+    def sampler(**kw: object) -> tuple[torch.Tensor, ...]:  # TEST DOUBLE: a set's sampler
+        seen.update(kw)
+        return torch.tensor([2]), torch.tensor([31]), accept_index, predicts
+
+    info = SimpleNamespace(is_all_greedy=False)
+    drafts, commit, bonus, _, _ = step.accept_with(
+        torch.zeros(6, 100), info, sampler=sampler, sync_sample=synced.append, max_top_k=4
+    )
+    assert seen["sampling_info"] is info
+    assert seen["max_top_k"] == 4
+    assert seen["candidates"] is step.tree.tokens
+    assert synced[1] is accept_index
+    assert synced[2] is predicts
+    assert (drafts.tolist(), commit.tolist(), bonus.tolist()) == ([2], [3], [31])
+
+
+def test_accept_window_lays_the_path_out_as_dflash_commit_expects() -> None:
+    """Worker v1: page size 1 reorders the slots and hidden rows, path first; pages copy the
+    path's KV to the window front instead; shadow_linear sampled is DFLASH's own (None)."""
+    step, target = _branching_step()
+    logits = _argmax_logits(target, 100)
+    slots = torch.arange(6) + 100
+    hidden = torch.arange(6.0).unsqueeze(1)
+    got = step.accept_window(
+        logits, None, page_size=1, out_cache_loc=slots,
+        move_kv_cache=lambda *a: pytest.fail("moved"), hidden_states=hidden,
+    )  # fmt: skip
+    assert got is not None
+    assert got.candidates.tolist() == [[99, 11, 20, 31, 10, 30]]
+    assert (got.accepted.tolist(), got.bonus.tolist()) == ([3], [77])
+    assert got.out_cache_loc.tolist() == [100, 102, 103, 105, 101, 104]
+    assert got.hidden_states is not None
+    assert got.hidden_states[:, 0].tolist() == [0.0, 2.0, 3.0, 5.0, 1.0, 4.0]
+    assert step.accept_index is not None
+    pool = torch.arange(128, dtype=torch.float32)
+
+    def move_kv_cache(tgt: torch.Tensor, src: torch.Tensor) -> None:
+        pool[tgt] = pool[src].clone()  # TEST DOUBLE for SGLang's KV pool move
+
+    paged = _branching_step()[0].accept_window(
+        logits, None, page_size=16, out_cache_loc=slots, move_kv_cache=move_kv_cache,
+        hidden_states=None,
+    )  # fmt: skip
+    assert paged is not None
+    assert paged.out_cache_loc is slots
+    assert pool[100:104].tolist() == [100.0, 102.0, 103.0, 105.0]
+    shadow, _ = _branching_step("shadow_linear")
+    sampled = SimpleNamespace(is_all_greedy=False)
+    assert shadow.accept_window(logits, sampled, page_size=1, out_cache_loc=slots,
+                                move_kv_cache=pytest.fail, hidden_states=None) is None  # fmt: skip
+    chain = shadow.accept_window(logits, None, page_size=1, out_cache_loc=slots,
+                                 move_kv_cache=pytest.fail, hidden_states=hidden)  # fmt: skip
+    assert chain is not None
+    assert chain.out_cache_loc is slots
+    assert chain.hidden_states is hidden
+    assert shadow.accept_index is None
+
+
+def test_kv_plan_plans_a_wide_trees_window_and_keeps_the_blocks_otherwise() -> None:
+    wide, _ = _branching_step()  # width 6 over a block of 4
+    calls: list[dict[str, object]] = []
+
+    def plan(**kw: object) -> str:  # TEST DOUBLE: the release's KV index translator
+        calls.append(kw)
+        return "window"
+
+    assert wide.kv_plan("block", plan, seq_lens="lens") == "window"
+    assert calls[0]["read_extent"] == 6
+    assert calls[0]["seq_lens"] == "lens"
+    assert calls[0]["write_virtual"].tolist() == list(range(100, 106))  # type: ignore[union-attr]
+    narrow = S.Step(tree=wide.tree, mode="tree", cache_loc=wide.cache_loc,
+                    prefix_lens=wide.prefix_lens, block_size=6)  # fmt: skip
+    assert narrow.kv_plan("block", plan) == "block"
+    assert len(calls) == 1
+
+
+def test_step_mamba_steps_follow_a_trees_path_and_keep_a_chains() -> None:
+    step, target = _branching_step()
+    last, track = torch.tensor([7]), torch.tensor([1])
+    chain, _ = _branching_step("shadow_linear")
+    chain.accept(_argmax_logits(target, 100))
+    assert chain.mamba_steps(torch.tensor([4]), last, track) == (last, track)
+    step.accept(_argmax_logits(target, 100))
+    got_last, got_track = step.mamba_steps(torch.tensor([4]), last, track)
+    assert got_last.tolist() == [5]
+    assert got_track is not None
+    assert got_track.tolist() == [2]
 
 
 def test_resolve_server_args_writes_back_the_release_way_and_checks_the_backend() -> None:
@@ -901,7 +1064,6 @@ def test_require_gives_the_module_at_its_api_and_refuses_another_in_one_sentence
 def test_verifier_and_step_reach_the_per_step_helpers() -> None:
     """A worker holds a Verifier, not the module: the per-step helpers hang off it."""
     assert S.Verifier.host_prefix_sum is S.host_prefix_sum
-    assert S.Verifier.mamba_steps is S.mamba_steps
     tree = S.chain_tree(torch.tensor([[9, 1, 2, 3]]), torch.tensor([5]))
     step = S.Step(tree=tree, mode="shadow_linear", cache_loc=torch.zeros(1, 4),
                   prefix_lens=torch.tensor([5]), block_size=4)  # fmt: skip

@@ -235,36 +235,35 @@ LINEAGES = (
     # draft_parallel import; its worker keeps the draft placement in `draft_owns_attention`
     # (0.5.23: `draft_parallel_layout`), has no deferred target-verify gather (so no
     # `target_predict`) and no `target_dp_enabled`; its dflash_utils ends past the line 0.5.23's
-    # helpers follow. Two worker hunks that apply were rewritten too: 15 named
-    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and 13's
-    # `_ddtree_accept` took `target_predict`. New sites: an NPU gate whose line 0.5.23 wraps and
-    # DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on
-    # ddtree_kernels.sglang (docs/ddtree-module.md): the failed hunks are the fat sets' ones, the
-    # worker's shifted by one (its import of spec_info's loader, 3, lands).
+    # helpers follow. Worker hunks that apply were rewritten too: the tree proposal's
+    # draft_parallel_layout (test_verify_path_worker_v2's name check holds that) and
+    # `_ddtree_accept`, which reads 0.5.23's `target_predict`. New sites: an NPU gate whose line
+    # 0.5.23 wraps and DeepSeek-V4's prefill snapshot, gone by 0.5.23 (widened). Both sets are on
+    # API 2's rules (issue 46: the hybrid set-up, accept, KV plan and recurrent top-k are the
+    # module's), so their 0002, 0004 and 0006 differ only where the releases do; the worker's
+    # failed hunks are its import (2: `from functools import partial` is one more hunk) and
+    # the draft scopes 0.5.22 enters its own way.
     Lineage(
         "0.5.23",
         "0.5.22",
         failed={
             (ENUM, "metrics_reporter.py", 1): _absent("SpeculativeAlgorithm.EAGLE,"),
-            (WORKER, "dflash_worker_v2.py", 1): _absent(
+            (WORKER, "dflash_worker_v2.py", 2): _absent(
                 "from sglang.srt.speculative.dflash_dp import gather_draft_embedding"
             ),
-            (WORKER, "dflash_worker_v2.py", 4): _absent(
+            (WORKER, "dflash_worker_v2.py", 5): _absent(
                 "with draft_pp_context(), draft_tp_context(self.draft_parallel_layout):", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 7): _absent(
+            (WORKER, "dflash_worker_v2.py", 8): _absent(
                 "self._target_logits_processor = self._defer_target_verify_gather()"
             ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent(
                 "draft_tp_context(self.draft_parallel_layout),"
             ),
-            (WORKER, "dflash_worker_v2.py", 9): _absent(
+            (WORKER, "dflash_worker_v2.py", 10): _absent(
                 "target_dp_enabled = get_parallel().attn_dp_enabled"
             ),
-            (WORKER, "dflash_worker_v2.py", 20): _absent(
-                "target_predict=target_predict,", "removed"
-            ),
-            (HELPERS, "dflash_utils.py", 5): "its lines match only before the end of the "
+            (HELPERS, "dflash_utils.py", 6): "its lines match only before the end of the "
             "previous hunk",
             (MAMBA_POOL, "kv_cache_configurator.py", 1): _absent(
                 "from sglang.srt.speculative.draft_parallel import legacy_draft_attn_tp_size"
@@ -274,33 +273,32 @@ LINEAGES = (
     ),
     # 0.5.21 enters the draft's TP scope through its own `self.draft_tp_context(group,
     # owns_attention=...)` (0.5.22: `draft_tp_context(self.draft_owns_attention)`), plans no KV
-    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on
-    # ddtree_kernels.sglang (docs/ddtree-module.md), so only the worker is rewritten: its import of
-    # spec_info's loader (3) has 0.5.22's sampling-mask import as context; hunks 15, the tree
-    # proposal, and 17, the verify input, apply but were rewritten into 0.5.21's context (its group
-    # argument; no KV plan for a wider tree's window); the accept hunk (20) reads the logit rows for
-    # a sampling mask 0.5.21 does not capture, and 0.5.21 skips SGLANG_SIMULATE_ACC_LEN's forced
-    # chain acceptance for DDTREE after it. New site: the scheduler's DFlash request validation,
-    # whose method 0.5.22 renamed (widened).
+    # window (no `kv_loc_plan`) and captures no sampling mask. Both sets are on API 2's rules
+    # (docs/ddtree-module.md), so only the worker is rewritten: its import of spec_info's loader
+    # (4) has 0.5.22's sampling-mask import as context; the tree proposal and the verify input
+    # apply but were rewritten into 0.5.21's context (its group argument; no KV plan for a wider
+    # tree's window); 0.5.21's `_accept_block` also returns its target_predict, so its accept
+    # (21) keeps the tree branch beside DFLASH's call instead of taking its place, and skips
+    # SGLANG_SIMULATE_ACC_LEN's forced chain acceptance for DDTREE after it. New site: the
+    # scheduler's DFlash request validation, whose method 0.5.22 renamed (widened).
     Lineage(
         "0.5.22",
         "0.5.21",
         failed={
-            (WORKER, "dflash_worker_v2.py", 3): _absent(
+            (WORKER, "dflash_worker_v2.py", 4): _absent(
                 "from sglang.srt.speculative.spec_sampling_mask import ("
             ),
-            (WORKER, "dflash_worker_v2.py", 4): _absent(
+            (WORKER, "dflash_worker_v2.py", 5): _absent(
                 "self.draft_owns_attention = get_parallel().attn_dp_enabled"
             ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent(
-                "draft_tp_context(self.draft_owns_attention),"
-            ),
-            (WORKER, "dflash_worker_v2.py", 9): _absent(
-                "draft_tp_context(self.draft_owns_attention),"
-            ),
-            (WORKER, "dflash_worker_v2.py", 20): _absent(
-                "sampling_mask_capture = SpeculativeSamplingMaskCapture.from_logits("
-            ),
+            **{
+                (WORKER, "dflash_worker_v2.py", i): _absent(
+                    "draft_tp_context(self.draft_owns_attention),"
+                )
+                for i in (9, 10)
+            },
+            (WORKER, "dflash_worker_v2.py", 21): "removed line ') = self._accept_block(' does "
+            "not match line 2801 ('target_predict,') at the closest match (9 of 13 lines)",
         },
         unreviewed={"widened": 1},
     ),
@@ -313,7 +311,9 @@ LINEAGES = (
     # warning (covered), an NPU replay copy 0.5.21 splits in two, the draft runner's input-embeds
     # copy and the prefill read-done fastpath 0.5.21 moves into SpeculativeAlgorithm. Both sets are
     # on ddtree_kernels.sglang (docs/ddtree-module.md): the failed hunks are the fat sets' ones, the
-    # worker's one more (its import of spec_info's loader, 3) shifting their indices.
+    # worker's one more (its import of spec_info's loader, 3) shifting their indices; on API 2's
+    # rules (issue 46) the worker's first hunk imports functools.partial for the accept's TP sync
+    # beside 0.5.21's typing import, which 0.5.20 spells otherwise (1), one index more again.
     Lineage(
         "0.5.21",
         "0.5.20",
@@ -323,12 +323,15 @@ LINEAGES = (
                 'if cfg.speculative_algorithm not in ("EAGLE", "EAGLE3", "DFLASH"):', "removed"
             ),
             (SERVER_ARGS, _PS_HOOK, 2): _absent('algorithm = "DFLASH"', "removed"),
-            (WORKER, "dflash_worker_v2.py", 4): _absent(
+            (WORKER, "dflash_worker_v2.py", 1): _absent(
+                "from typing import TYPE_CHECKING, List, Optional, Tuple"
+            ),
+            (WORKER, "dflash_worker_v2.py", 5): _absent(
                 "with draft_pp_context(), draft_init_ctx:", "removed"
             ),
-            (WORKER, "dflash_worker_v2.py", 8): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 10): _absent("self.draft_model_runner.tp_group,"),
-            (WORKER, "dflash_worker_v2.py", 16): _absent(
+            (WORKER, "dflash_worker_v2.py", 9): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 11): _absent("self.draft_model_runner.tp_group,"),
+            (WORKER, "dflash_worker_v2.py", 17): _absent(
                 "if lilicorr_q_rows is not None and not _is_all_greedy(batch.sampling_info):"
             ),
         },
@@ -342,8 +345,9 @@ LINEAGES = (
     # its layer ids inline. One hunk lands with fuzz 2 in the wrong place: the tree's retrieve
     # arrays would replace the chain's after the sampling kernel ran, not before, so 0004 was
     # rewritten. 0.5.19 has no gate site 0.5.20's set does not review. Both sets are on
-    # ddtree_kernels.sglang (docs/ddtree-module.md): the worker's spec_info import (hunk 2) lands,
-    # so its failed hunks are the fat sets' lines one index on (4, 6, 8, 9, 15).
+    # ddtree_kernels.sglang (docs/ddtree-module.md): the worker's spec_info import (hunk 3) lands,
+    # so its failed hunks are the fat sets' lines two indices on (5, 7, 9, 10, 16), behind API 2's
+    # functools import (1), which 0.5.19 takes beside its dataclasses import, not `import os`.
     Lineage(
         "0.5.20",
         "0.5.19",
@@ -355,25 +359,26 @@ LINEAGES = (
                 for i in (1, 2)
             },
             (SERVER_ARGS, _PS_HOOK, 2): _absent("if not (", "removed"),
-            (WORKER, "dflash_worker_v2.py", 4): _absent(
+            (WORKER, "dflash_worker_v2.py", 1): _absent("import os"),
+            (WORKER, "dflash_worker_v2.py", 5): _absent(
                 "draft_init_ctx = draft_tp_context(get_parallel().attn_tp_group)"
             ),
-            (WORKER, "dflash_worker_v2.py", 6): _absent(
+            (WORKER, "dflash_worker_v2.py", 7): _absent(
                 "if self._is_domino and self.block_size <= 1:"
             ),
             **{
                 (WORKER, "dflash_worker_v2.py", i): _absent(
                     "with self.draft_tp_context(self.draft_model_runner.tp_group):", "removed"
                 )
-                for i in (8, 9)
+                for i in (9, 10)
             },
-            (WORKER, "dflash_worker_v2.py", 15): _absent("anchor_token_ids=block_ids[:, 0],"),
+            (WORKER, "dflash_worker_v2.py", 16): _absent("anchor_token_ids=block_ids[:, 0],"),
             (MAMBA_POOL, "kv_cache_configurator.py", 3): _absent(
                 "mamba_layer_ids=self._get_mamba_layer_ids_for_req_pool(),"
             ),
         },
         unreviewed={},
-        fuzzed=((HELPERS, "dflash_utils.py", 3),),
+        fuzzed=((HELPERS, "dflash_utils.py", 4),),  # 3 before API 2 imported load_ddtree
         also_rewritten=(TREE_MASK,),
     ),
 )

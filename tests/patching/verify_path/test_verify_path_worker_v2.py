@@ -106,9 +106,9 @@ def test_worker_hunks_enter_scopes_as_the_release_does(
     0.5.21's context takes the draft runner's TP group (through the worker's own
     `self.draft_tp_context(group, owns_attention=...)`); on a GPU the flag would become the group.
     Every scope the patched worker enters is entered as the pristine worker enters it, or is one
-    the patches add (`_draft_spec_scope`)."""
+    the patches add (the draft runner's spec-bag scope, dflash_utils' `ddtree_draft_spec_scope`)."""
     added = _scope_calls(patched_root / WORKER) - _scope_calls(pristine_root(release) / WORKER)
-    assert {callee for callee, _, _ in added} <= {"self._draft_spec_scope"}, added
+    assert {callee for callee, _, _ in added} <= {"ddtree_draft_spec_scope"}, added
 
 
 def test_patched_copy_is_the_one_imported(check: Callable[[str], dict]) -> None:

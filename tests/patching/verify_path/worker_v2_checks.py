@@ -518,6 +518,29 @@ def worker_double(*, topk: int, budget: int, width: int, block: int) -> SimpleNa
     )  # fmt: skip
 
 
+def ddtree_attrs(mode):
+    """A worker double's DDTREE attribute in `mode` (None: DFLASH): its Verifier, whose
+    settings hold the mode."""
+    settings = ddtree_module.Settings(mode=mode, budget=7, topk=2, width=8) if mode else None
+    return {"_ddtree": ddtree_module.Verifier(settings, 8) if settings else None}
+
+
+def greedy_draft_input(draft_input):
+    """A greedy step's draft input: the release's, or (TEST DOUBLE) one holding no top-k, which
+    a set on API 2's rules reads and only its sampler uses."""
+    return draft_input or SimpleNamespace(max_top_k=None, uniform_top_k_value=None)
+
+
+def mamba_commit(W, worker, accept_index, **kwargs):
+    """The worker's Mamba commit of a tree step whose path is `accept_index` (the step hands
+    its rule over)."""
+    step = ddtree_module.Step(tree=None, mode="tree", cache_loc=None, prefix_lens=None,
+                              block_size=6, accept_index=accept_index)  # fmt: skip
+    return W.DFlashWorkerV2._update_target_mamba_state_after_verify(
+        worker, **kwargs, ddtree_step=step
+    )
+
+
 def settings_of(worker) -> SimpleNamespace:
     """The (mode, budget, topk, width) a worker double holds after `_init_ddtree`: its
     `Verifier`'s settings (a set on ddtree_kernels.sglang's Verifier) or the fat sets' fields."""

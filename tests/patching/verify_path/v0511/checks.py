@@ -120,17 +120,25 @@ def allocate_window(batch: FakeBatch) -> None:
 
 def from_draft(*, logp, ids, root_tokens, prefix_lens, budget, width, shadow=False):
     """The verify input the worker hunk (_prepare_ddtree_verify) builds, through
-    ddtree_kernels.sglang: the tree of the draft's top-k `logp`/`ids` [bs, L, K] at
-    the verify width; shadow_linear: DFlash's argmax chain (`ids` [bs, L, 1]) as a tree."""
+    ddtree_kernels.sglang's Verifier and Step: the tree of the draft's top-k `logp`/`ids`
+    [bs, L, K] at the verify width; shadow_linear: DFlash's argmax chain (`ids` [bs, L, 1])."""
     prefix = torch.tensor(prefix_lens)
+    mode = "shadow_linear" if shadow else "tree"
+    settings = ddtree.Settings(mode=mode, budget=budget, topk=ids.shape[-1], width=width)
+    chain = tree = None
     if shadow:
         chain = torch.cat([root_tokens.unsqueeze(1), ids[..., 0]], 1)
-        return info.DDTreeVerifyInput.from_tree(ddtree.chain_tree(chain, prefix), shadow=True)
-    tree = ddtree.build_verify_tree(
-        logp=logp, ids=ids, root_tokens=root_tokens, prefix_lens=prefix, budget=budget,
-        width=width, prefix_lens_sum=sum(prefix_lens),
-    )  # fmt: skip
-    return info.DDTreeVerifyInput.from_tree(tree, shadow=False)
+    else:
+        tree = ddtree.build_verify_tree(
+            logp=logp, ids=ids, root_tokens=root_tokens, prefix_lens=prefix, budget=budget,
+            width=width, prefix_lens_sum=sum(prefix_lens),
+        )  # fmt: skip
+    step = ddtree.Verifier(settings, ids.shape[1] + 1).step(
+        tree=tree, draft_tokens=chain, prefix_lens=prefix
+    )
+    return step.verify_input(
+        info.DDTreeVerifyInput, draft_token=step.tree.tokens.view(-1), ddtree_step=step
+    )
 
 
 def prepare(verify_input, batch: FakeBatch, page_size: int, build_custom_mask: bool) -> None:
@@ -277,8 +285,8 @@ def tree_arrays():
             "next_token": torch.equal(vi.retrieve_next_token[:, :n], ref.retrieve_next_token),
             "next_sibling": torch.equal(vi.retrieve_next_sibling[:, :n], ref.retrieve_next_sibling),
             "retrieve_index": torch.equal(vi.retrieve_index, torch.where(real, rows, -1)),
-            "mask": torch.equal(vi.tree_mask, sglang_layout(anc, prefixes)),
-            "mask_numel": vi.tree_mask.numel()
+            "mask": torch.equal(vi.custom_mask, sglang_layout(anc, prefixes)),
+            "mask_numel": vi.custom_mask.numel()
             == sum(p * width for p in prefixes) + 3 * width * width,
             "draft_token_num": vi.draft_token_num,
             "is_dflash_verify": isinstance(vi, info.DFlashVerifyInput)
@@ -325,7 +333,7 @@ def tree_arrays():
         "mask_without_dflash_policy": masks["False"],
     }
     out["tree_mask_kept_when_policy_says_none"] = tree_vi.custom_mask is not None and torch.equal(
-        tree_vi.custom_mask, tree_vi.tree_mask
+        tree_vi.custom_mask, tree_vi.ddtree_step.tree.custom_mask
     )
     return out
 
@@ -397,7 +405,8 @@ def accept_commit_case(width: int, depth: int, k: int, vocab: int, seed: int) ->
                 want_slots.append(window[b, :commit].tolist())
                 want_kv.append([float(window[b, i]) for i in path[:commit]])
             out.setdefault(f"path_depth_p{page_size}", []).append(len(path) - 1)
-        node_steps, _ = ddtree.mamba_steps(vi.accept_index, torch.tensor(want_commit), None)
+        accept_index = vi.ddtree_step.accept_index
+        node_steps, _ = ddtree.mamba_steps(accept_index, torch.tensor(want_commit), None)
         out[f"page{page_size}"] = {
             "tokens": got["output_ids"] == want_tokens,
             "commit_lens": got["commit_lens"] == want_commit,
@@ -413,7 +422,7 @@ def accept_commit_case(width: int, depth: int, k: int, vocab: int, seed: int) ->
             "bonus_is_last_emitted": got["new_verified_id"] == [t[-1] for t in want_tokens],
             "seq_lens": got["seq_lens"]
             == [p + c for p, c in zip(prefixes, want_commit, strict=True)],
-            "accept_index_root_first": vi.accept_index[:, 0].tolist() == [0, 0],
+            "accept_index_root_first": accept_index[:, 0].tolist() == [0, 0],
             "node_steps": node_steps.tolist()
             == [walk_by_hand(tokens, parents, target, b)[0][want_commit[b] - 1] for b in range(2)],
             "draft_token_num": vi.draft_token_num == width,
@@ -455,7 +464,10 @@ def mamba_commit_hunk() -> dict:
     for name, vi in (
         ("ddtree", info.DDTreeVerifyInput(
             draft_token=zeros, positions=zeros, draft_token_num=4,
-            accept_index=torch.tensor([[0, 2, 3, -1], [0, -1, -1, -1]]),
+            ddtree_step=ddtree.Step(
+                tree=None, mode="tree", cache_loc=None, prefix_lens=None, block_size=4,
+                accept_index=torch.tensor([[0, 2, 3, -1], [0, -1, -1, -1]]),
+            ),
         )),
         ("dflash", info.DFlashVerifyInput(draft_token=zeros, positions=zeros, draft_token_num=4)),
     ):  # fmt: skip
@@ -463,7 +475,7 @@ def mamba_commit_hunk() -> dict:
         backend = SimpleNamespace(update_mamba_state_after_mtp_verify=seen.update)
         worker = SimpleNamespace(
             target_worker=SimpleNamespace(model_runner=SimpleNamespace(attn_backend=backend, model=None)),
-            server_args=SimpleNamespace(mamba_track_interval=4), _ddtree=ddtree,
+            server_args=SimpleNamespace(mamba_track_interval=4),
         )  # fmt: skip
         batch = SimpleNamespace(
             mamba_track_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([8, 10])
@@ -530,7 +542,7 @@ def shadow_equals_dflash():
                         )
                     prepare(vi, batch, page_size, True)
                     res = run_verify(vi, batch, logits, hidden, page_size)
-                    if algo == "DDTREE" and vi.accept_index is not None:
+                    if algo == "DDTREE" and vi.ddtree_step.accept_index is not None:
                         kept_paths.append(1)  # what the worker's Mamba commit would follow
                     res["mask"] = vi.custom_mask.tolist()
                     results.append(res)
@@ -583,7 +595,7 @@ def init_ddtree(server_args, *, hybrid: bool = False) -> dict:
         init(worker, server_args)
     except Exception as e:  # reported, asserted on by the test
         return {"error": f"{type(e).__name__}: {e}"}
-    cfg = worker.ddtree_settings
+    cfg = worker._ddtree.settings
     return {
         "shadow": cfg.mode == "shadow_linear",
         "budget": cfg.budget,
@@ -606,14 +618,16 @@ def helpers():
             **kw,
         }
     )
+    # The graph runner's capture mask (0005): DFlash's policy, or a DDTREE tree's.
     out["mask_policy"] = [
-        utils.ddtree_build_custom_mask(args(), False),
-        utils.ddtree_build_custom_mask(args(speculative_ddtree_mode="shadow_linear"), False),
-        utils.ddtree_build_custom_mask(args(speculative_ddtree_mode="shadow_linear"), True),
-        utils.ddtree_build_custom_mask(args(speculative_algorithm="DFLASH"), False),
-        utils.ddtree_build_custom_mask(
-            args(speculative_algorithm=SimpleNamespace(name="DDTREE")), False
-        ),
+        policy or utils.is_ddtree_tree(a)
+        for a, policy in (
+            (args(), False),
+            (args(speculative_ddtree_mode="shadow_linear"), False),
+            (args(speculative_ddtree_mode="shadow_linear"), True),
+            (args(speculative_algorithm="DFLASH"), False),
+            (args(speculative_algorithm=SimpleNamespace(name="DDTREE")), False),
+        )
     ]
 
     def config(**kw):
@@ -747,8 +761,7 @@ def worker_and_server_hunks():
 
     for mode in ("tree", "shadow_linear"):
         worker = SimpleNamespace(
-            ddtree_settings=SimpleNamespace(mode=mode, topk=3, budget=width - 1, width=width),
-            _ddtree=ddtree,
+            _ddtree=ddtree.Verifier(ddtree.Settings(mode, width - 1, 3, width), width),
             block_size=width,
             page_size=1,
             server_args=SimpleNamespace(
@@ -837,8 +850,7 @@ def wide_prepare(prepare_fn, attn_backend) -> dict:
     )
     draft_hidden = torch.randn(bs, block, hidden_size)
     worker = SimpleNamespace(
-        ddtree_settings=SimpleNamespace(mode="tree", topk=8, budget=width - 1, width=width),
-        _ddtree=ddtree,
+        _ddtree=ddtree.Verifier(ddtree.Settings("tree", width - 1, 8, width), block),
         block_size=block,
         page_size=1,
         server_args=SimpleNamespace(speculative_algorithm="DDTREE", speculative_ddtree_mode="tree"),
@@ -895,6 +907,7 @@ def hybrid_backend(algorithm, mode="tree", eagle_topk=None):
     runner = SimpleNamespace(
         device="cpu",
         server_args=args,
+        spec_algorithm=SI.SpeculativeAlgorithm.from_string(algorithm),
         req_to_token_pool=FakeMambaPool(),
         is_draft_worker=False,  # read by 0.5.13's backend
         token_to_kv_pool=None,  # read by 0.5.13's backend; the verify metadata never uses it
@@ -1021,7 +1034,7 @@ def ddtree_api_refusal():
     dflash = SimpleNamespace(speculative_algorithm="DFLASH", speculative_num_draft_tokens=16)
     out["dflash_without_kernels"] = {
         "imports": True,
-        "tree_mask": fresh["dflash_utils"].ddtree_build_custom_mask(dflash, False),
+        "tree_mask": fresh["dflash_utils"].is_ddtree_tree(dflash),
         "block": fresh["dflash_utils"].dflash_draft_block_size(dflash),
         "ddtree_loader": refusal(fresh["spec_info"].load_ddtree),
         "worker_missing_names": [

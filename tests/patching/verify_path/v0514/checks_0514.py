@@ -43,9 +43,12 @@ from worker_v2_checks import (
     api_refusal_results,
     argmax_logits,
     branching_case,
+    ddtree_attrs,
     ddtree_module,
     ddtree_spec,
+    greedy_draft_input,
     init_results,
+    mamba_commit,
     patched,
     propose_tree_results,
     settings_of,
@@ -122,6 +125,7 @@ def _accept(worker, tree, logits, prefix, sampling_info=None, draft_input=None):
             tree=tree, mode="tree", cache_loc=None, prefix_lens=prefix,
             block_size=int(worker.block_size),
         )  # fmt: skip
+        draft_input = greedy_draft_input(draft_input)
         out = W.DFlashWorkerV2._ddtree_accept(worker, step, logits, sampling_info, draft_input)
         return (*out, step.accept_index)
     return W.DFlashWorkerV2._ddtree_accept_block(
@@ -188,7 +192,7 @@ def _init(server_args, *, hybrid=False, block=8, lm_head=None):
         return {"error": f"{type(e).__name__}: {e}"}
     settings = settings_of(worker)
     return {
-        "mode": worker._ddtree_mode,
+        "mode": worker._ddtree.settings.mode,
         "budget": settings.budget,
         "topk": settings.topk,
         # The ops at hand: the fat sets keep them, a set on the module keeps its Verifier
@@ -245,9 +249,7 @@ def worker_mamba_commit():
     accept_index = torch.tensor([[0, 2, 3, 5, -1, -1], [0, -1, -1, -1, -1, -1]])
     commit = torch.tensor([4, 1], dtype=torch.int32)
     kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
-    W.DFlashWorkerV2._update_target_mamba_state_after_verify(
-        worker, **kwargs, accept_index=accept_index
-    )
+    mamba_commit(W, worker, accept_index, **kwargs)
     W.DFlashWorkerV2._update_target_mamba_state_after_verify(worker, **kwargs)
     return {
         "tree_steps": calls[0]["last_correct_step_indices"].tolist(),
@@ -572,7 +574,7 @@ def draft_sampler_off_in_tree_mode():
 
     def build(mode):
         worker = SimpleNamespace(
-            _ddtree_mode=mode, tp_rank=1, ps=SimpleNamespace(tp_rank=1), block_size=BLOCK,
+            **ddtree_attrs(mode), tp_rank=1, ps=SimpleNamespace(tp_rank=1), block_size=BLOCK,
             _target_worker=SimpleNamespace(
                 model_runner=SimpleNamespace(model=SimpleNamespace(
                     lm_head=SimpleNamespace(weight=weight)))

@@ -39,9 +39,12 @@ from worker_v2_checks import (
     api_refusal_results,
     argmax_logits,
     branching_case,
+    ddtree_attrs,
     ddtree_module,
     ddtree_spec,
+    greedy_draft_input,
     init_results,
+    mamba_commit,
     patched,
     propose_tree_results,
     settings_of,
@@ -153,9 +156,11 @@ def _accept(worker, tree, prefix, sampling_info=None, draft_input=None, **verify
             tree=tree, mode="tree", cache_loc=None, prefix_lens=prefix,
             block_size=int(worker.block_size),
         )  # fmt: skip
-        logits = verify.pop("next_token_logits")  # 0.5.23's may add its `target_predict`
+        # By keyword, as 0.5.22 and 0.5.23 call it in _accept_block's place (0.5.19 to 0.5.21
+        # take the same names); 0.5.23's verify may add its `target_predict`.
+        draft_input = greedy_draft_input(draft_input)
         out = W.DFlashWorkerV2._ddtree_accept(
-            worker, step, logits, sampling_info, draft_input, **verify
+            worker, step, sampling_info=sampling_info, draft_input=draft_input, **verify
         )
         return (*out, step.accept_index)
     return W.DFlashWorkerV2._ddtree_accept_block(
@@ -232,7 +237,7 @@ def _init(spec, *, hybrid=False, **worker_kw):
         return {"error": f"{type(e).__name__}: {e}"}
     settings = settings_of(worker)
     return {
-        "mode": worker._ddtree_mode,
+        "mode": worker._ddtree.settings.mode,
         "budget": settings.budget,
         "topk": settings.topk,
         # The ops at hand: the fat sets keep them, a set on the module keeps its Verifier
@@ -263,14 +268,17 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
         backend = SimpleNamespace()  # a dense target's backend: no Mamba commit
     worker = SimpleNamespace(
         **PLACEMENT,
-        _ddtree_mode=mode,
+        **ddtree_attrs(mode),
         _draft_worker=SimpleNamespace(init_attention_backends=lambda: None),
-        _draft_spec_scope=contextlib.nullcontext,
         model_runner=SimpleNamespace(
-            model_config=SimpleNamespace(hybrid=hybrid), attn_backend=backend
+            model_config=SimpleNamespace(hybrid=hybrid), attn_backend=backend, spec_algorithm=None
         ),
     )
-    with patched(W, **SETUP_SCOPES, mambaish_config=lambda cfg: object() if cfg.hybrid else None):
+    with patched(
+        W, **SETUP_SCOPES, ddtree_draft_spec_scope=lambda *_: contextlib.nullcontext(),
+        get_spec=lambda: None,
+        mambaish_config=lambda cfg: object() if cfg.hybrid else None,
+    ):  # fmt: skip
         try:
             W.DFlashWorkerV2.init_attention_backends(worker)
         except Exception as e:
@@ -284,7 +292,7 @@ def _attention_setup(mode, *, hybrid, accept_pool=None):
 
 @check
 def worker_attention_and_sampler():
-    sampler_worker = SimpleNamespace(_ddtree_mode="tree", block_size=8, **TARGET_RANK)
+    sampler_worker = SimpleNamespace(**ddtree_attrs("tree"), block_size=8, **TARGET_RANK)
     return {
         "tree_hybrid": _attention_setup("tree", hybrid=True),
         "shadow_hybrid": _attention_setup("shadow_linear", hybrid=True),
@@ -412,7 +420,7 @@ def wide_accept_and_commit():
 @check
 def wide_draft_runner_width():
     """0.5.20's to 0.5.23's runners size themselves from the spec bag (get_spec()) when they
-    are built and set up, so the worker sets up its draft runner inside `_draft_spec_scope`: in
+    are built and set up, so the worker sets up its draft runner inside `ddtree_draft_spec_scope`: in
     DDTREE tree mode the draft runner's backends and CUDA graphs see the drafter's 16-token block
     while the target keeps the 64-token verify width; shadow_linear and DFLASH see their one
     width, untouched.
@@ -437,14 +445,13 @@ def wide_draft_runner_width():
             ])  # fmt: skip
 
         worker = SimpleNamespace(
-            **PLACEMENT, _ddtree_mode=None, selector=None,
+            **PLACEMENT, **ddtree_attrs(None), selector=None,
             model_runner=SimpleNamespace(
                 spec_algorithm=algo, model_config=SimpleNamespace(hybrid=False),
                 attn_backend=SimpleNamespace(),
             ),
             _draft_worker=SimpleNamespace(init_attention_backends=record, init_cuda_graphs=record),
         )  # fmt: skip
-        worker._draft_spec_scope = lambda: W.DFlashWorkerV2._draft_spec_scope(worker)
         graphs_off = SimpleNamespace(
             graph=SimpleNamespace(
                 cuda_graph_config=SimpleNamespace(
@@ -496,9 +503,7 @@ def worker_mamba_commit():
     kwargs = dict(batch=batch, seq_lens_pre_verify=torch.tensor([10, 20]), commit_lens=commit)
     if RELEASE != "0.5.19":  # 0.5.20 adds the post-verify lengths to the signature
         kwargs["seq_lens_post_verify"] = torch.tensor([14, 21])
-    W.DFlashWorkerV2._update_target_mamba_state_after_verify(
-        worker, **kwargs, accept_index=accept_index
-    )
+    mamba_commit(W, worker, accept_index, **kwargs)
     W.DFlashWorkerV2._update_target_mamba_state_after_verify(worker, **kwargs)
     return {
         "tree_steps": calls[0]["last_correct_step_indices"].tolist(),
