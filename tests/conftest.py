@@ -25,6 +25,7 @@ from hostlab import (  # noqa: E402
     unavailable_reason,
 )
 from product_hosts import connect  # noqa: E402
+from scheduling import make_scheduler  # noqa: E402
 
 from ddtree_deploy.hosts.ssh import SshHost  # noqa: E402
 
@@ -111,40 +112,14 @@ def nspawn_host(nspawn_hosts: Callable[[int], list[TestHost]]) -> TestHost:
     return nspawn_hosts(1)[0]
 
 
-# --- pytest-xdist: which tests one worker runs together (scripts/test runs `pytest -n 3`) ------
-# Files whose tests share one unit on one container and run in file order. xdist's own
-# `xdist_group` mark cannot do this under pytest 9.2, which ignores the node id it rewrites.
-ONE_WORKER_FILES = (
-    "tests/validate/test_tune.py",
-    "tests/validate/test_validated_deploy.py",
-    "tests/fleet/test_fleet_hosts.py",
-    # one container (its module fixture) for the timer tests, not one per worker
-    "tests/watch/test_watch_lab.py",
-    # its module fixture builds the wheel in the checkout's build/: two workers raced there
-    "tests/cli/test_packaging.py",
-)
-
-
-class _OneWorkerFiles(LoadScopeScheduling):
-    """Every test its own unit of work, except those of ONE_WORKER_FILES: a unit per file.
-
-    Bigger units go out first (xdist orders units by test count), so the long serial files
-    start at once instead of at the end."""
-
-    def _split_scope(self, nodeid: str) -> str:
-        path = nodeid.split("::", 1)[0]
-        return path if path in ONE_WORKER_FILES else nodeid
-
-
+# --- pytest-xdist: which tests one worker runs together, and in what order (tests/scheduling.py) --
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling:
-    return _OneWorkerFiles(config, log)
+    return make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the fast loop's tests `fast` (tests/fast_loop.py says which); the clone test takes
-    minutes on its own: first of the one-test units, not last."""
+    """Mark the fast loop's tests `fast` (tests/fast_loop.py says which)."""
     reach = HeavyReach()
     for item in items:
         if heavy_reason(item, reach) is None:
             item.add_marker(pytest.mark.fast)
-    items.sort(key=lambda item: item.get_closest_marker("clone") is None)

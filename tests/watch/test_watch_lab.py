@@ -4,7 +4,10 @@ The stand-in (TEST DOUBLE: real SGLang cannot serve on a CPU, see tests/standin/
 deployed through the real gates from this machine over SSH; the timer and its oneshot service
 run ddtree-deploy inside the container, from this checkout's venv bound in read-only (the
 "installed on the host" of docs/watch.md). Regressions are planted as an operator's change
-would arrive: a systemd drop-in that sets the stand-in's STANDIN_FAULT, then a restart.
+would arrive: a systemd drop-in that sets the stand-in's STANDIN_FAULT, then a restart; it is
+cleared without one where the next step restarts the unit anyway or the unit serves no more.
+One worker runs the file (ONE_WORKER_FILES in tests/scheduling.py): the timer test and the lock
+test share one unit, deployed once (`rollback_unit`).
 """
 
 from __future__ import annotations
@@ -72,16 +75,32 @@ def _counters(host: SshHost, name: str) -> dict[str, int]:
     return counters
 
 
-def _plant(host: SshHost, name: str, fault: str | None) -> None:
-    """Set (or clear) the stand-in's fault through a drop-in, and restart the unit."""
-    dropin = PurePosixPath(f"/etc/systemd/system/{name}.service.d/fault.conf")
-    if fault is None:
-        host.run(["rm", "-f", "--", str(dropin)])
-    else:
-        host.write_atomic(dropin, f"[Service]\nEnvironment=STANDIN_FAULT={fault}\n")
+def _dropin(name: str) -> PurePosixPath:
+    return PurePosixPath(f"/etc/systemd/system/{name}.service.d/fault.conf")
+
+
+def _plant(host: SshHost, name: str, fault: str) -> None:
+    """Set the stand-in's fault through a drop-in, and restart the unit."""
+    host.write_atomic(_dropin(name), f"[Service]\nEnvironment=STANDIN_FAULT={fault}\n")
     systemd.daemon_reload(host)
     # The run's polled gates wait for /health, as they do after a deploy's restart.
     host.run(["systemctl", "restart", "--", f"{name}.service"])
+
+
+def _clear(host: SshHost, name: str) -> None:
+    """Remove the fault's drop-in without a restart: the unit's next start runs without it (a
+    fault applies to DDTREE only, so a unit rolled back to linear DFlash is healthy with it)."""
+    host.run(["rm", "-f", "--", str(_dropin(name))])
+    systemd.daemon_reload(host)
+
+
+def _stop_timer(host: SshHost, name: str) -> None:
+    """Stop the timer and wait out a run it started (stopping a timer leaves its run going)."""
+    host.run(["systemctl", "stop", "--", f"ddtree-watch-{name}.timer"])
+    deadline = time.monotonic() + 300
+    while systemd.unit_state(host, f"ddtree-watch-{name}.service").active_state == "activating":
+        assert time.monotonic() < deadline, "the timer's last run did not end in 300 s"
+        time.sleep(1)
 
 
 def _watch_run(host: SshHost, name: str) -> tuple[int, str]:
@@ -96,13 +115,24 @@ def _watch_run(host: SshHost, name: str) -> tuple[int, str]:
     return status, journal
 
 
-def test_timer_fires_on_schedule_and_rolls_back_an_acceptance_collapse(
-    watch_lab: StandinLab, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def rollback_unit(watch_lab: StandinLab, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`watch-rollback`: linear DFlash, then DDTREE with a 4 s timer under watch.policy=rollback.
+
+    The timer test (first in the file) leaves it rolled back to linear DFlash with the timer
+    stopped; the lock test runs on whatever it serves, its timer stopped."""
     name = "watch-rollback"
-    assert _deploy(watch_lab, name, tmp_path, 31301, "algo=dflash") == 0
+    tmp = tmp_path_factory.mktemp(name)
+    assert _deploy(watch_lab, name, tmp, 31301, "algo=dflash") == 0
     extra = ["watch.interval=4s", "watch.policy=rollback"]
-    assert _deploy(watch_lab, name, tmp_path, 31301, "algo=ddtree", *extra) == 0
+    assert _deploy(watch_lab, name, tmp, 31301, "algo=ddtree", *extra) == 0
+    return name
+
+
+def test_timer_fires_on_schedule_and_rolls_back_an_acceptance_collapse(
+    watch_lab: StandinLab, rollback_unit: str
+) -> None:
+    name = rollback_unit
     with watch_lab.connect() as host:
         assert systemd.unit_state(host, f"ddtree-watch-{name}.timer").active_state == "active"
         pid = systemd.unit_state(host, f"{name}.service").main_pid
@@ -118,7 +148,7 @@ def test_timer_fires_on_schedule_and_rolls_back_an_acceptance_collapse(
         ).stdout
         assert "still passes every gate" in journal
 
-        host.run(["systemctl", "stop", "--", f"ddtree-watch-{name}.timer"])
+        _stop_timer(host, name)
         _plant(host, name, "acceptance_collapse")
         status, journal = _watch_run(host, name)
         assert status == 10, journal
@@ -127,7 +157,7 @@ def test_timer_fires_on_schedule_and_rolls_back_an_acceptance_collapse(
         state = _state(host, name)
         assert (state["algo"], state["watch"]["counters"]["rollbacks"]) == ("DFLASH", 1)
         assert "which passed the health gates" in journal
-        _plant(host, name, None)
+        _clear(host, name)
 
 
 def test_alert_only_reports_a_wrong_token_and_a_changed_fingerprint_revalidates_in_full(
@@ -150,7 +180,7 @@ def test_alert_only_reports_a_wrong_token_and_a_changed_fingerprint_revalidates_
         assert (state["algo"], state["generation"]) == ("DDTREE", generation)
         assert state["watch"]["counters"]["failures"] == 1
         assert state["watch"]["counters"]["rollbacks"] == 0
-        _plant(host, name, None)
+        _clear(host, name)  # the full run below restarts the unit (linear, shadow, tree)
 
         # A changed drafter config: status shows it; the next run re-validates in full.
         config = PurePosixPath(MODEL_DIR) / "draft" / "config.json"
@@ -182,15 +212,15 @@ def test_alert_only_reports_a_wrong_token_and_a_changed_fingerprint_revalidates_
         assert f"{timer} is stopped (watch.policy=pause)" in " ".join(paused.stderr.split())
         assert systemd.unit_state(host, timer).active_state == "inactive"
         assert _state(host, name)["algo"] == "DDTREE"
-        _plant(host, name, None)
+        _clear(host, name)
 
 
 def test_a_run_never_starts_beside_a_deploy_or_another_run(
-    watch_lab: StandinLab, tmp_path: Path
+    watch_lab: StandinLab, rollback_unit: str
 ) -> None:
-    name = "watch-lock"
-    assert _deploy(watch_lab, name, tmp_path, 31303, "algo=dflash", "watch.interval=1h") == 0
+    name = rollback_unit
     with watch_lab.connect() as host:
+        _stop_timer(host, name)  # only this test's runs
         runs = _counters(host, name)["runs"]
         with host_lock(host, PurePosixPath(f"/var/lib/ddtree-test/{name}"), "deploy"):
             status, journal = _watch_run(host, name)
