@@ -18,14 +18,15 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ddtree_deploy.config import DeployConfig, Output, compose_config, group_options
+from ddtree_deploy.config import DeployConfig, compose_config, group_options
 from ddtree_deploy.config.schema import OnFailure
 from ddtree_deploy.config.stored import load_stored_config
-from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.errors import ConfigError, DeployError, ExitCode
 from ddtree_deploy.events import JsonLinesSink, bound_emit, emit, sink_installed
 from ddtree_deploy.fleet import (
     ActionDriver,
@@ -38,18 +39,11 @@ from ddtree_deploy.fleet import (
 )
 from ddtree_deploy.fleet.journal import RESUMABLE, command_key
 from ddtree_deploy.hosts.lock import HostBusy
-from ddtree_deploy.patching.audit import AuditReport
-from ddtree_deploy.patching.port import PortReport, write_candidate
-from ddtree_deploy.report import console, render, run_report
-from ddtree_deploy.report.audit_report import write_audit_reports
+from ddtree_deploy.report import console, render
+from ddtree_deploy.report.action_run import run_action
 from ddtree_deploy.report.fleet_report import write_fleet_reports
-from ddtree_deploy.report.port_report import print_port, write_port_reports
 from ddtree_deploy.report.usage import usage_text
-from ddtree_deploy.rollout import actions
-from ddtree_deploy.rollout.actions import ActionOutcome
-from ddtree_deploy.rollout.validation_flow import ValidationFailed
 from ddtree_deploy.service.secret import load_api_key
-from ddtree_deploy.validate.record import ValidationRecord
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         console.stderr.print("interrupted", style="red")
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _stored_argument(args: list[str]) -> tuple[Path | None, list[str]]:
@@ -167,106 +161,12 @@ def _map_strings(node: object, change: Callable[[str], str]) -> object:
 
 def _run(cfg: DeployConfig, args: list[str], run_dir: Path) -> int:
     emit("run.start", action=cfg.action, host=cfg.host.name, overrides=args)
-    try:
-        with _tune_progress(cfg):
-            outcome = actions.HANDLERS[cfg.action](cfg)
-    except DeployError as err:
-        if isinstance(err, ValidationFailed):  # the report is written for failures too
-            _write_report(run_dir, err.record)
-        emit("run.failed", error=str(err), kind=type(err).__name__)
-        raise
-    _render(cfg, outcome)
-    if outcome.audit is not None:
-        _write_audit(run_dir, outcome.audit)
-    if outcome.port is not None:
-        _write_port(cfg, run_dir, outcome.port)
-    if outcome.validation is not None:
-        _write_report(run_dir, outcome.validation)
-    emit("run.end", exit_code=outcome.exit_code)
-    return outcome.exit_code
-
-
-@contextmanager
-def _tune_progress(cfg: DeployConfig) -> Iterator[None]:
-    """A progress bar over the candidates while `action=tune` runs."""
-    if cfg.action != "tune":
-        yield
-        return
-    bar = console.TuneProgress()
-    with sink_installed(bar):
-        try:
-            yield
-        finally:
-            bar.close()
-
-
-def _render(cfg: DeployConfig, outcome: ActionOutcome) -> None:
-    if cfg.action == "facts" and outcome.facts is not None:
-        if cfg.output is Output.json:
-            render.facts_json(outcome.facts)
-        else:
-            render.facts_table(outcome.facts)
-    if outcome.preflight is not None:
-        render.preflight_table(outcome.preflight)
-    if outcome.steps:
-        render.plan_table(cfg.host.name, outcome.steps)
-    if outcome.staging is not None:
-        console.print_line(outcome.staging.reason, style="green")
-    if outcome.rendered is not None:
-        _render_service(cfg, outcome)
-    elif outcome.lint is not None:
-        render.lint_result(outcome.lint)
-    if outcome.results:
-        render.results_table(f"{cfg.action}: {cfg.host.name}", outcome.results)
-    if outcome.status is not None:
-        _render_status(outcome)
-    if outcome.kernels is not None:
-        render.kernels_result(cfg.host.name, outcome.kernels)
-    if outcome.summary is not None:
-        console.print_line(outcome.summary, style="green")
-
-
-def _render_status(outcome: ActionOutcome) -> None:
-    """The status table, or with output=prometheus the metrics text alone (for scripts)."""
-    if outcome.metrics is not None:
-        console.stdout.out(outcome.metrics, end="", highlight=False)
-    elif outcome.status is not None:
-        render.status_table(outcome.status)
-
-
-def _render_service(cfg: DeployConfig, outcome: ActionOutcome) -> None:
-    assert outcome.rendered is not None
-    if cfg.output is Output.json:  # for scripts (the GPU lab starts exactly this argv)
-        render.service_json(outcome.rendered, outcome.lint)
-        return
-    render.service_files(outcome.rendered)
-    if outcome.lint is not None:
-        render.lint_result(outcome.lint)
-
-
-def _write_audit(run_dir: Path, report: AuditReport) -> None:
-    paths = write_audit_reports(report, run_dir)
-    render.audit_summary(report)
-    console.print_line(f"audit: {paths.json}, {paths.markdown}, {paths.junit}")
-
-
-def _write_port(cfg: DeployConfig, run_dir: Path, report: PortReport) -> None:
-    """The candidate (only when every hunk applied), then the reports naming where it is."""
-    candidate_dir = None
-    if report.candidate is not None:
-        dest = Path(cfg.port.out) if cfg.port.out else run_dir / f"candidate-{report.release}"
-        candidate_dir = write_candidate(report.candidate, dest)
-    paths = write_port_reports(report, run_dir, candidate_dir)
-    print_port(report, candidate_dir)
-    console.print_line(f"port report: {paths.markdown} and {paths.json.name}")
-
-
-def _write_report(run_dir: Path, record: ValidationRecord) -> None:
-    data = record.to_dict()
-    json_path, md_path = run_report.write_run_report(run_dir, data)
-    run_report.print_gates(data)
-    run_report.print_tune(data)
-    console.print_line(f"report: {md_path} and {json_path.name}")
+    run = run_action(cfg, run_dir, show=True)
+    if run.error is not None:
+        raise run.error
+    assert run.outcome is not None, "an action returns its outcome or raises"
+    emit("run.end", exit_code=run.outcome.exit_code)
+    return run.outcome.exit_code
 
 
 def _progress(record: dict[str, object]) -> None:
@@ -296,6 +196,7 @@ def _run_fleet(
                 {m.name: m.cfg for m in members},
                 run_dir,
                 bound_emit(),
+                partial(run_action, show=False),
                 record_before=fleet.on_failure is OnFailure.rollback_all,
             )
             result = walk(fleet, cfg.action, driver, journal)

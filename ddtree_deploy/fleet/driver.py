@@ -1,9 +1,10 @@
 """One fleet host's run: the single-host action, in its own run folder, as a `HostRun`.
 
 Each host gets `<fleet run>/<host>/` with its own `events.jsonl` and report files, exactly what
-`ddtree-deploy host=<host> action=...` leaves, and runs `rollout.actions.HANDLERS[action]` with
-its own connection and its own lock (a host another run holds is refused, not waited for).
-The step it is at goes to the fleet's sinks as `fleet.step` events (the live table).
+`ddtree-deploy host=<host> action=...` leaves: the runner `cli` hands the driver is the one a
+single-host run goes through (`report.action_run`), with the host's own connection and lock (a
+host another run holds is refused, not waited for). The driver only places the run and reads
+its verdict. The step it is at goes to the fleet's sinks as `fleet.step` events (the live table).
 """
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ from ddtree_deploy.fleet.schedule import Started
 from ddtree_deploy.fleet.strategy import HostRun, Verdict
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.lock import HostBusy, host_lock
-from ddtree_deploy.report.audit_report import write_audit_reports
-from ddtree_deploy.report.run_report import write_run_report
-from ddtree_deploy.rollout.actions import HANDLERS, ActionOutcome
-from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.actions import ActionOutcome, ActionRun
+from ddtree_deploy.rollout.generations import GenerationStore, HostState
 from ddtree_deploy.rollout.rollback import rollback
-from ddtree_deploy.rollout.validation_flow import ValidationFailed
+from ddtree_deploy.validate.gates import Decision
 from ddtree_deploy.validate.record import ValidationRecord
 
 # Actions that change a host: the generation it had before is journaled (rollback_all).
 _CHANGING = frozenset({"deploy", "rollback", "tune"})
 # Actions after which the host's generation is read for the recap.
 _SERVING = frozenset({"deploy", "rollback", "tune", "validate"})
+
+# Runs a host's action, writes its reports in the folder given, returns what it gave.
+RunAction = Callable[[DeployConfig, Path], ActionRun]
 
 
 class ActionDriver:
@@ -43,14 +45,17 @@ class ActionDriver:
         members: Mapping[str, DeployConfig],
         fleet_dir: Path,
         fleet_emit: Callable[..., None],
+        run_action: RunAction,
         *,
         record_before: bool,
     ) -> None:
-        """`record_before`: read each changing host's generation before its run for the journal
-        (what `on_failure=rollback_all` returns it to); otherwise no extra connection."""
+        """`run_action`: the single-host runner. `record_before`: read each changing host's
+        generation before its run for the journal (what `on_failure=rollback_all` returns it
+        to); otherwise no extra connection."""
         self.members = members
         self.fleet_dir = fleet_dir
         self.fleet_emit = fleet_emit
+        self.run_action = run_action
         self.record_before = record_before
 
     def run(self, name: str, started: Started) -> HostRun:
@@ -82,18 +87,18 @@ class ActionDriver:
 
     def _act(self, cfg: DeployConfig, run_dir: Path, started: Started) -> HostRun:
         name = cfg.host.name
-        try:
-            if self.record_before and cfg.action in _CHANGING:
-                started(_state(cfg)["generation"])
-            outcome = HANDLERS[cfg.action](cfg)
-        except DeployError as err:
-            emit("run.failed", error=str(err), kind=type(err).__name__)
-            record = err.record if isinstance(err, ValidationFailed) else None
-            if record is not None:
-                write_run_report(run_dir, record.to_dict())
-            return self._failed(cfg, err, record)
-        _write_reports(run_dir, outcome)
-        state: dict[str, Any] = {"generation": outcome.generation, "summary": outcome.serving}
+        if self.record_before and cfg.action in _CHANGING:
+            try:
+                started(_state(cfg).generation)
+            except DeployError as err:
+                emit("run.failed", error=str(err), kind=type(err).__name__)
+                return self._failed(cfg, err, None)
+        run = self.run_action(cfg, run_dir)
+        if run.error is not None:
+            return self._failed(cfg, run.error, run.record)
+        outcome = run.outcome
+        assert outcome is not None, "an action returns its outcome or raises"
+        state = HostState(generation=outcome.generation, summary=outcome.serving)
         if outcome.serving is None and cfg.action in _SERVING:  # validate, tune: ask the host
             state = _state(cfg)
         tokens, speedup = figures(outcome.validation)
@@ -106,8 +111,8 @@ class ActionDriver:
             verdict,
             (outcome.summary or _summary(outcome, verdict)).removeprefix(f"{name}: "),
             outcome.exit_code,
-            generation=state.get("generation"),
-            algo=str(state.get("summary") or state.get("algo") or ""),
+            generation=state.generation,
+            algo=state.summary or state.algo or "",
             tokens_per_s=tokens,
             speedup=speedup,
             outcome=outcome,
@@ -122,20 +127,20 @@ class ActionDriver:
             verdict = Verdict.refused
         else:
             verdict = Verdict.failed
-        state: dict[str, Any] = {}
+        state = HostState()
         if verdict is Verdict.failed and cfg.action in _SERVING:
             try:  # where the host's own rollback left it
                 state = _state(cfg)
             except DeployError:
-                state = {}
+                state = HostState()
         tokens, speedup = figures(record)
         return HostRun(
             cfg.host.name,
             verdict,
             str(err),
             err.exit_code,
-            generation=state.get("generation"),
-            algo=str(state.get("summary") or state.get("algo") or ""),
+            generation=state.generation,
+            algo=state.summary or state.algo or "",
             tokens_per_s=tokens,
             speedup=speedup,
         )
@@ -147,27 +152,28 @@ class ActionDriver:
                 connect(cfg.host) as host,
                 host_lock(host, PurePosixPath(cfg.host.state_dir), "rollback"),
             ):
-                state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
-                if state["generation"] == generation and state["in_progress"] is None:
+                generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+                state = generations.state()
+                if state.generation == generation and state.in_progress is None:
                     return HostRun(
                         name,
                         Verdict.ok,
                         f"already at generation {generation}",
                         generation=generation,
-                        algo=str(state.get("summary", "")),
+                        algo=state.summary or "",
                     )
-                outcome = rollback(cfg, host, to_generation=generation or 0)
+                outcome = rollback(
+                    cfg, host, to_generation=generation or 0, generations=generations
+                )
         except DeployError as err:
             emit("run.failed", error=str(err), kind=type(err).__name__)
             return HostRun(
                 name, Verdict.failed, f"rollback_all could not restore it: {err}", err.exit_code
             )
-        came_from = f" from generation {outcome.from_generation}" if outcome.from_generation else ""
         return HostRun(
             name,
             Verdict.rolled_back,
-            f"rolled back{came_from} to generation {outcome.to_generation} "
-            f"({outcome.summary}); the unit is {outcome.unit_state}.",
+            outcome.sentence(),
             generation=outcome.to_generation,
             algo=outcome.summary,
         )
@@ -183,7 +189,7 @@ class ActionDriver:
         return sink
 
 
-def _state(cfg: DeployConfig) -> dict[str, Any]:
+def _state(cfg: DeployConfig) -> HostState:
     with connect(cfg.host) as host:
         return GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
 
@@ -206,7 +212,7 @@ def _step_of(record: dict[str, Any]) -> str | None:
 
 def _changed(outcome: ActionOutcome) -> bool:
     if outcome.validation is not None and outcome.validation.decision:
-        return outcome.validation.decision not in ("unchanged", "staging") or any(
+        return outcome.validation.decision not in (Decision.unchanged, Decision.staging) or any(
             r.status == "changed" for r in outcome.results
         )
     return any(r.status == "changed" for r in outcome.results)
@@ -235,11 +241,3 @@ def figures(record: ValidationRecord | None) -> tuple[float | None, float | None
                 speedup = figures["speedup"]
                 tokens = figures.get("tree_tokens_per_s", tokens)
     return tokens, speedup
-
-
-def _write_reports(run_dir: Path, outcome: ActionOutcome) -> None:
-    """The host's report files, as a single-host run writes them."""
-    if outcome.validation is not None:
-        write_run_report(run_dir, outcome.validation.to_dict())
-    if outcome.audit is not None:
-        write_audit_reports(outcome.audit, run_dir)

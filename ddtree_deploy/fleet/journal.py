@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.fleet.strategy import FINISHED, Verdict
 
 # Actions whose rollout can be resumed (the read-only ones simply run again).
@@ -38,7 +38,7 @@ def command_key(args: Sequence[str]) -> list[str]:
 class FleetBusy(DeployError):
     """Another run on this controller is rolling the same fleet out."""
 
-    exit_code = 9  # as a host another run holds
+    exit_code = ExitCode.HOST_BUSY  # as a host another run holds
 
 
 class FleetJournal:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ddtree_deploy.errors import ExitCode
 from ddtree_deploy.rollout.actions import ActionOutcome
 
 
@@ -82,8 +83,8 @@ class FleetResult:
         exits as that host's single run would)."""
         for run in self.hosts:
             if run.verdict in FAILURES:
-                return run.exit_code or 1
-        return 0
+                return run.exit_code or ExitCode.FAILED
+        return ExitCode.OK
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
-from ddtree_deploy.errors import CommandFailed, DeployError, HostError
+from ddtree_deploy.errors import CommandFailed, DeployError, ExitCode, HostError
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 
@@ -47,7 +47,7 @@ _DROP_SCRIPT = (
 class HostBusy(DeployError):
     """Another run holds the host's lock."""
 
-    exit_code = 9
+    exit_code = ExitCode.HOST_BUSY
 
 
 @dataclass(frozen=True)

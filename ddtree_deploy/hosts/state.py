@@ -8,6 +8,7 @@ what a generation is belongs to `rollout`.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import PurePosixPath
 from typing import Any
@@ -25,6 +26,7 @@ class HostStateStore:
         self.host = host
         self.root = root
         self.sudo = sudo
+        self._state: dict[str, Any] | None = None  # state.json as last read or written
 
     @property
     def state_path(self) -> PurePosixPath:
@@ -35,7 +37,26 @@ class HostStateStore:
         return self.root / "journal.jsonl"
 
     def load(self) -> dict[str, Any]:
-        """`state.json` as a dict; empty for a host the toolkit never touched."""
+        """`state.json` as a dict; empty for a host the toolkit never touched.
+
+        Read from the host once; after that, the copy this store keeps, which its own writes
+        update. A run shares one store while it holds the host's lock, when nothing else writes
+        the file; a new store reads it afresh."""
+        if self._state is None:
+            self._state = self._read()
+        return copy.deepcopy(self._state)
+
+    def save(self, state: dict[str, Any]) -> None:
+        """Replace `state.json` atomically."""
+        text = json.dumps(state, indent=2, sort_keys=True) + "\n"
+        self.host.write_atomic(self.state_path, text, mode=0o600, sudo=self.sudo)
+        self._state = copy.deepcopy(state)
+
+    def update(self, sections: dict[str, Any]) -> None:
+        """Replace the given top-level keys of `state.json`, keeping every other one."""
+        self.save({**self.load(), **sections})
+
+    def _read(self) -> dict[str, Any]:
         text = self.host.read_text(self.state_path, sudo=self.sudo)
         if text is None:
             return {}
@@ -49,11 +70,6 @@ class HostStateStore:
         if not isinstance(data, dict):
             raise HostError(f"{self.state_path} on {self.host.name} does not hold an object.")
         return data
-
-    def save(self, state: dict[str, Any]) -> None:
-        """Replace `state.json` atomically."""
-        text = json.dumps(state, indent=2, sort_keys=True) + "\n"
-        self.host.write_atomic(self.state_path, text, mode=0o600, sudo=self.sudo)
 
     def journal(self, event: str, **fields: Any) -> None:
         """Append one record (written and synced before the change it announces)."""

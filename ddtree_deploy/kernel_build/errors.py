@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 
 
 class KernelBuildError(DeployError):
     """The kernels wheel could not be built, installed or verified; the venv kept what it had."""
 
-    exit_code = 7
+    exit_code = ExitCode.BUILD_OR_START
 
 
 class KernelSourceMissing(KernelBuildError):

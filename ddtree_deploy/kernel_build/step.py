@@ -125,10 +125,18 @@ class KernelsStep:
     # The ddtree_kernels.sglang API the host's patch set calls (None: a set that carries
     # DDTree's logic itself): the smoke test refuses a build that provides another.
     module_api: int | None = None
+    # The state store of the run this step is part of (a deploy's), so the run's copy of
+    # state.json holds the kernels entry this step writes; None: each use reads the host's.
+    store: HostStateStore | None = field(default=None, compare=False)
 
     @classmethod
     def from_config(
-        cls, cfg: DeployConfig, *, cache_dir: Path | None = None, module_api: int | None = None
+        cls,
+        cfg: DeployConfig,
+        *,
+        cache_dir: Path | None = None,
+        module_api: int | None = None,
+        store: HostStateStore | None = None,
     ) -> KernelsStep:
         return cls(
             host_name=cfg.host.name,
@@ -138,6 +146,7 @@ class KernelsStep:
             staging=cfg.host.staging,
             cache_dir=cache_dir or default_cache_dir(),
             module_api=module_api,
+            store=store,
         )
 
     @property
@@ -343,7 +352,7 @@ class KernelsStep:
         return python_sha256(self.source_dir)
 
     def _store(self, host: ShellHost) -> HostStateStore:
-        return HostStateStore(host, self.state_dir)
+        return self.store or HostStateStore(host, self.state_dir)
 
     def _flavour(self, key: KernelKey) -> str:
         if key.arch_list:

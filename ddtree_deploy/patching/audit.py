@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from ddtree_deploy.errors import ExitCode
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.patching.engine import PatchPlan, SetState, plan_patch
@@ -111,7 +112,7 @@ class AuditReport:
     @property
     def exit_code(self) -> int:
         """0 when the audit passes, else the patching room's exit code."""
-        return 0 if self.passed else PatchError.exit_code
+        return ExitCode.OK if self.passed else PatchError.exit_code
 
 
 def audit(

@@ -8,14 +8,14 @@ or reverted as it stands. Every error is raised before the first write to the pa
 
 from __future__ import annotations
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.patching.manifest import PatchSetError
 
 
 class PatchError(DeployError):
     """The installed package on a host is not in a state this patch set can act on."""
 
-    exit_code = 6
+    exit_code = ExitCode.DRIFTED_FILE
 
 
 class DriftedFile(PatchError):

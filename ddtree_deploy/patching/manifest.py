@@ -24,7 +24,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 
 # The same safe subset of YAML, parsed by libyaml when PyYAML was built with it.
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -35,7 +35,7 @@ _MODULE_API = re.compile(r"^\+DDTREE_SGLANG_API = (?P<api>\d+)\b")
 class PatchSetError(DeployError):
     """A patch set is missing, malformed, or does not serve the installed release."""
 
-    exit_code = 5
+    exit_code = ExitCode.PATCH_SET
 
 
 class UnsupportedRelease(PatchSetError):

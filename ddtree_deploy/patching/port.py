@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from ddtree_deploy.errors import ExitCode
 from ddtree_deploy.patching.audit import UnparsedModule, scan_sources
 from ddtree_deploy.patching.errors import HunkFailed, RecordMismatch
 from ddtree_deploy.patching.gates import GateSite
@@ -210,7 +211,7 @@ class PortReport:
     @property
     def exit_code(self) -> int:
         """0 when every hunk applied (unreviewed gates are for the reviewer), else 5."""
-        return PatchSetError.exit_code if self.failed else 0
+        return PatchSetError.exit_code if self.failed else ExitCode.OK
 
 
 def nearest_patch_set(release: str, sets: list[PatchSet]) -> tuple[PatchSet, str]:

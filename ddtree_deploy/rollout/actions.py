@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig, Output
-from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.errors import ConfigError, DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.factory import connect
@@ -25,6 +25,7 @@ from ddtree_deploy.patching.audit import AuditReport, audit
 from ddtree_deploy.patching.manifest import select_patch_set
 from ddtree_deploy.patching.port import PortRefused, PortReport, port_patch_set
 from ddtree_deploy.patching.step import PatchStep, locate_site_packages
+from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.pipeline import kernels_step, preflight, prepare
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.revalidate import revalidate
@@ -59,7 +60,7 @@ class PlannedStep:
 class ActionOutcome:
     """What an action produced, for the CLI to render; `exit_code` 0 means success."""
 
-    exit_code: int = 0
+    exit_code: int = ExitCode.OK
     facts: HostFacts | None = None
     preflight: PreflightReport | None = None
     steps: list[PlannedStep] = field(default_factory=list)
@@ -77,6 +78,21 @@ class ActionOutcome:
     # What the host serves after deploy or rollback: its current generation and what it runs.
     generation: int | None = None
     serving: str | None = None
+
+
+@dataclass(frozen=True)
+class ActionRun:
+    """What running an action on one host gave: its outcome, or the error it raised."""
+
+    outcome: ActionOutcome | None
+    error: DeployError | None = None
+
+    @property
+    def record(self) -> ValidationRecord | None:
+        """The gates' record, a failed validation's included."""
+        if isinstance(self.error, ValidationFailed):
+            return self.error.record
+        return self.outcome.validation if self.outcome is not None else None
 
 
 def _locked(cfg: DeployConfig, host: ShellHost) -> AbstractContextManager[object]:
@@ -109,7 +125,10 @@ def plan_action(cfg: DeployConfig) -> ActionOutcome:
             *_service_step_plans(cfg, host),
         ]
     return ActionOutcome(
-        exit_code=0 if not report.refusals else 4, facts=facts, preflight=report, steps=steps
+        exit_code=ExitCode.PREFLIGHT_REFUSED if report.refusals else ExitCode.OK,
+        facts=facts,
+        preflight=report,
+        steps=steps,
     )
 
 
@@ -129,18 +148,21 @@ def render_action(cfg: DeployConfig) -> ActionOutcome:
     rendered = render_service(cfg, load_api_key(cfg.service))
     lint = lint_unit(rendered, cfg.service.max_exposure)
     emit("service.lint", unit=lint.unit, ok=lint.ok, summary=lint.summary())
-    return ActionOutcome(exit_code=0 if lint.ok else 6, rendered=rendered, lint=lint)
+    return ActionOutcome(
+        exit_code=ExitCode.OK if lint.ok else ExitCode.DRIFTED_FILE, rendered=rendered, lint=lint
+    )
 
 
 def deploy_action(cfg: DeployConfig) -> ActionOutcome:
     """Run the deploy pipeline on the configured host, through the validation gates."""
     record = ValidationRecord(cfg.host.name, algo_summary(cfg))
     with connect(cfg.host) as host, _locked(cfg, host):
-        with _noted_on_failure(cfg, host):
-            outcome = deploy_validated(cfg, host, record)
-        if record.decision == Decision.promote.value:
-            record_validated(cfg, host, outcome.preflight.facts)
-            note_validation(cfg, host, record, failed=False)
+        generations = _generations(cfg, host)
+        with _noted_on_failure(cfg, host, generations):
+            outcome = deploy_validated(cfg, host, record, generations)
+        if record.decision is Decision.promote:
+            record_validated(cfg, host, outcome.preflight.facts, generations)
+            note_validation(cfg, host, record, generations, failed=False)
             watched = install_watch(cfg, host)
             if watched is not None:
                 record.notes.append(watched)
@@ -168,10 +190,11 @@ def validate_action(cfg: DeployConfig) -> ActionOutcome:
     record = ValidationRecord(cfg.host.name, algo_summary(cfg))
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
-        with _noted_on_failure(cfg, host):
-            validate_running(cfg, host, record)
-        record_validated(cfg, host, report.facts)
-        note_validation(cfg, host, record, failed=False)
+        generations = _generations(cfg, host)
+        with _noted_on_failure(cfg, host, generations):
+            validate_running(cfg, host, record, generations)
+        record_validated(cfg, host, report.facts, generations)
+        note_validation(cfg, host, record, generations, failed=False)
     return ActionOutcome(summary=record.sentence, validation=record)
 
 
@@ -190,7 +213,7 @@ def tune_action(cfg: DeployConfig) -> ActionOutcome:
         f"concurrency {list(grid.concurrency)}",
     )
     with connect(cfg.host) as host, _locked(cfg, host):
-        winner = tune(cfg, host, record)
+        winner = tune(cfg, host, record, _generations(cfg, host))
     return ActionOutcome(
         summary=f"{cfg.host.name}: promoted {winner.candidate.label} "
         f"(geometric-mean speedup {winner.score or 0:.2f}).",
@@ -201,15 +224,13 @@ def tune_action(cfg: DeployConfig) -> ActionOutcome:
 def rollback_action(cfg: DeployConfig) -> ActionOutcome:
     """Return the configured host to its previous generation (or its linear-DFLASH one)."""
     with connect(cfg.host) as host, _locked(cfg, host):
-        outcome = rollback(cfg, host, to_linear=cfg.rollback.to_linear)
+        outcome = rollback(
+            cfg, host, to_linear=cfg.rollback.to_linear, generations=_generations(cfg, host)
+        )
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
-    came_from = f" from generation {outcome.from_generation}" if outcome.from_generation else ""
     return ActionOutcome(
         results=results,
-        summary=(
-            f"{cfg.host.name}: rolled back{came_from} to generation {outcome.to_generation} "
-            f"({outcome.summary}); the unit is {outcome.unit_state}."
-        ),
+        summary=f"{cfg.host.name}: {outcome.sentence()}",
         generation=outcome.to_generation,
         serving=outcome.summary,
     )
@@ -219,11 +240,14 @@ def status_action(cfg: DeployConfig) -> ActionOutcome:
     """Report the host's generation, algorithm, unit state, patch set, kernels and drift
     (`output=prometheus`: as the metrics of its validations, drift measured now)."""
     with connect(cfg.host) as host:
-        status = host_status(cfg, host)
+        generations = _generations(cfg, host)
+        status = host_status(cfg, host, generations)
         metrics = None
         if cfg.output is Output.prometheus:
-            metrics = metrics_text(cfg, host, len(status.fingerprint_drift))
-    return ActionOutcome(exit_code=1 if status.drift else 0, status=status, metrics=metrics)
+            metrics = metrics_text(cfg, generations, len(status.fingerprint_drift))
+    return ActionOutcome(
+        exit_code=ExitCode.DRIFT if status.drift else ExitCode.OK, status=status, metrics=metrics
+    )
 
 
 def revalidate_action(cfg: DeployConfig) -> ActionOutcome:
@@ -237,15 +261,25 @@ def revalidate_action(cfg: DeployConfig) -> ActionOutcome:
     changed: list[str] = []
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
-        with _noted_on_failure(cfg, host, changed):
-            revalidate(cfg, host, record, report.facts, changed)
-        note_validation(cfg, host, record, failed=False)
+        generations = _generations(cfg, host)
+        with _noted_on_failure(cfg, host, generations, changed):
+            revalidate(cfg, host, record, report.facts, changed, generations)
+        note_validation(cfg, host, record, generations, failed=False)
     return ActionOutcome(summary=record.sentence, validation=record)
+
+
+def _generations(cfg: DeployConfig, host: ShellHost) -> GenerationStore:
+    """The host's record for one action: read from the host once, then kept current by the
+    action's own writes (it holds the host's lock, so nothing else writes it)."""
+    return GenerationStore(host, PurePosixPath(cfg.host.state_dir))
 
 
 @contextmanager
 def _noted_on_failure(
-    cfg: DeployConfig, host: ShellHost, changed: list[str] | None = None
+    cfg: DeployConfig,
+    host: ShellHost,
+    generations: GenerationStore,
+    changed: list[str] | None = None,
 ) -> Iterator[None]:
     """A validation that fails inside the block still counts in the host's metrics
     (`changed`: the fingerprint parts found drifted by then)."""
@@ -253,7 +287,14 @@ def _noted_on_failure(
         yield
     except ValidationFailed as failed:
         try:
-            note_validation(cfg, host, failed.record, failed=True, drift_parts=len(changed or []))
+            note_validation(
+                cfg,
+                host,
+                failed.record,
+                generations,
+                failed=True,
+                drift_parts=len(changed or []),
+            )
         except DeployError as err:  # the failure itself is what the operator must read
             emit("watch.metrics_failed", error=str(err))
         raise
@@ -262,7 +303,7 @@ def _noted_on_failure(
 def _service_step_plans(cfg: DeployConfig, host: ShellHost) -> list[PlannedStep]:
     if not cfg.host.systemd:
         return [PlannedStep("unit", "staging", "rendered and linted only (host.systemd=false)")]
-    prepared = prepare(cfg, host, load_api_key(cfg.service))
+    prepared = prepare(cfg, _generations(cfg, host), load_api_key(cfg.service))
     # The patch and kernels rows come first, from the probe already made; not checked twice.
     service = [s for s in prepared.steps if s.name not in (PatchStep.name, KernelsStep.name)]
     plans = check_steps(service, host)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.config.schema import Algo, DeployConfig
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.service.render import sha256_text
@@ -51,6 +51,126 @@ class GenerationMeta:
     created: float
 
 
+@dataclass(frozen=True)
+class InProgress:
+    """A generation begun and not yet committed (a killed run left it so, or one runs now)."""
+
+    generation: int
+    kind: str  # deploy | rollback
+
+
+@dataclass(frozen=True)
+class PendingRestart:
+    """The service owes a restart: what changed under it, for which generation."""
+
+    generation: int
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StagedRun:
+    """A run on a host without a managed service, marked while it changes the host."""
+
+    action: str
+    steps: tuple[str, ...]
+    done: tuple[str, ...]
+    started: float
+
+
+@dataclass(frozen=True)
+class HostState:
+    """What `state.json` says about the host's generations (the other rooms' sections of the
+    file, `kernels`, `fingerprint` and `watch`, are theirs: `GenerationStore.store` holds them).
+
+    The last five fields are the current generation's, absent before the first commit.
+    """
+
+    generation: int | None = None
+    lineage: tuple[int, ...] = ()
+    last_generation: int = 0
+    pending_restart: PendingRestart | None = None
+    in_progress: InProgress | None = None
+    staged_run: StagedRun | None = None
+    config_hash: str | None = None
+    algo: str | None = None  # "DFLASH" | "DDTREE"
+    summary: str | None = None
+    unit_sha256: str | None = None
+    env_sha256: str | None = None
+
+    def serves(self, cfg: DeployConfig) -> bool:
+        """Whether the host already runs `cfg`: its current generation was deployed from it and
+        no run was left unfinished (the one "host already at cfg" rule)."""
+        return self.in_progress is None and self.config_hash == config_hash(cfg)
+
+    @property
+    def serves_linear(self) -> bool:
+        """Whether linear DFlash serves, or what served before the first generation, with no
+        run left unfinished."""
+        return self.in_progress is None and self.algo in (None, Algo.DFLASH.value)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostState:
+        owed, running, staged = (
+            data.get("pending_restart"),
+            data.get("in_progress"),
+            data.get("staged_run"),
+        )
+        return cls(
+            generation=data.get("generation"),
+            lineage=tuple(data.get("lineage", ())),
+            last_generation=data.get("last_generation", 0),
+            pending_restart=(
+                PendingRestart(int(owed["generation"]), tuple(owed["reasons"])) if owed else None
+            ),
+            in_progress=InProgress(int(running["generation"]), str(running["kind"]))
+            if running
+            else None,
+            staged_run=StagedRun(
+                staged["action"], tuple(staged["steps"]), tuple(staged["done"]), staged["started"]
+            )
+            if staged
+            else None,
+            config_hash=data.get("config_hash"),
+            algo=data.get("algo"),
+            summary=data.get("summary"),
+            unit_sha256=data.get("unit_sha256"),
+            env_sha256=data.get("env_sha256"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys this record owns, as `state.json` holds them (a current generation's
+        fields only once there is one)."""
+        data: dict[str, Any] = {
+            "format": STATE_FORMAT,
+            "generation": self.generation,
+            "lineage": list(self.lineage),
+            "last_generation": self.last_generation,
+            "pending_restart": {
+                "generation": self.pending_restart.generation,
+                "reasons": list(self.pending_restart.reasons),
+            }
+            if self.pending_restart
+            else None,
+            "in_progress": asdict(self.in_progress) if self.in_progress else None,
+            "staged_run": {
+                "action": self.staged_run.action,
+                "steps": list(self.staged_run.steps),
+                "done": list(self.staged_run.done),
+                "started": self.staged_run.started,
+            }
+            if self.staged_run
+            else None,
+        }
+        current = {
+            "config_hash": self.config_hash,
+            "algo": self.algo,
+            "summary": self.summary,
+            "unit_sha256": self.unit_sha256,
+            "env_sha256": self.env_sha256,
+        }
+        return data | {key: value for key, value in current.items() if value is not None}
+
+
 def config_hash(cfg: DeployConfig) -> str:
     """Hash of everything that decides what a host runs (not run-time knobs like runs_dir)."""
     subset = {
@@ -72,16 +192,10 @@ class GenerationStore:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        state = self.store.load()
-        state.setdefault("format", STATE_FORMAT)
-        state.setdefault("generation", None)
-        state.setdefault("lineage", [])
-        state.setdefault("last_generation", 0)
-        state.setdefault("pending_restart", None)
-        state.setdefault("in_progress", None)
-        state.setdefault("staged_run", None)
-        return state
+    def state(self) -> HostState:
+        """The host's state: read from the host on first use, then kept (this store's own
+        writes update it; nothing else writes the state while the run holds the host's lock)."""
+        return HostState.from_dict(self.store.load())
 
     def started_steps(self, number: int) -> list[str]:
         """The steps a run of generation `number` started, in order (journal `step.apply`)."""
@@ -115,8 +229,8 @@ class GenerationStore:
         host as it was before that generation, not as the killed run left it.
         """
         state = self.state()
-        interrupted = state["in_progress"]
-        number = int(interrupted["generation"]) if interrupted else state["last_generation"] + 1
+        interrupted = state.in_progress
+        number = interrupted.generation if interrupted else state.last_generation + 1
         self.store.journal(
             "generation.begin", generation=number, kind=kind, resumed=bool(interrupted)
         )
@@ -140,36 +254,38 @@ class GenerationStore:
             mode=0o600,
             sudo=True,
         )
-        state["in_progress"] = {"generation": number, "kind": kind}
-        state["last_generation"] = max(state["last_generation"], number)
-        self.store.save(state)
+        self._save(
+            replace(
+                state,
+                in_progress=InProgress(number, kind),
+                last_generation=max(state.last_generation, number),
+            )
+        )
         return number
 
     def owe_restart(self, number: int, reason: str) -> None:
         """Persist that the service needs a restart, before the change that makes it so."""
         state = self.state()
-        owed = state["pending_restart"] or {"generation": number, "reasons": []}
-        if reason not in owed["reasons"]:
-            owed["reasons"].append(reason)
-        owed["generation"] = number
+        reasons = state.pending_restart.reasons if state.pending_restart else ()
+        if reason not in reasons:
+            reasons = (*reasons, reason)
         self.store.journal("restart.owed", generation=number, reason=reason)
-        state["pending_restart"] = owed
-        self.store.save(state)
+        self._save(replace(state, pending_restart=PendingRestart(number, reasons)))
 
     def restart_done(self) -> None:
         state = self.state()
-        self.store.journal("restart.done", owed=state["pending_restart"])
-        state["pending_restart"] = None
-        self.store.save(state)
+        owed = state.to_dict()["pending_restart"]
+        self.store.journal("restart.done", owed=owed)
+        self._save(replace(state, pending_restart=None))
 
     def commit(self, number: int, lineage: list[int]) -> None:
         """Make generation `number` current with the given live lineage (its top is `number`)."""
         meta = self.meta(number)
         assert meta is not None, "begin() wrote meta.json"
-        state = self.state()
-        state.update(
+        state = replace(
+            self.state(),
             generation=number,
-            lineage=lineage,
+            lineage=tuple(lineage),
             in_progress=None,
             config_hash=meta.config_hash,
             algo=meta.algo,
@@ -178,7 +294,7 @@ class GenerationStore:
             env_sha256=meta.env_sha256,
         )
         self.store.journal("generation.commit", generation=number, lineage=lineage)
-        self.store.save(state)
+        self._save(state)
 
     def journal(self, event: str, **fields: Any) -> None:
         self.store.journal(event, **fields)
@@ -188,30 +304,26 @@ class GenerationStore:
     def begin_staged(self, action: str, steps: list[str]) -> None:
         """Mark a run that changes the host without a generation, before its first step."""
         self.store.journal("staged.begin", action=action, steps=steps)
-        state = self.state()
-        state["staged_run"] = {
-            "action": action,
-            "steps": steps,
-            "done": [],
-            "started": round(time.time(), 3),
-        }
-        self.store.save(state)
+        run = StagedRun(action, tuple(steps), (), round(time.time(), 3))
+        self._save(replace(self.state(), staged_run=run))
 
     def staged_step_done(self, step: str) -> None:
         state = self.state()
         self.store.journal("staged.step", step=step)
-        if state["staged_run"] is not None:
-            state["staged_run"]["done"].append(step)
-            self.store.save(state)
+        if state.staged_run is not None:
+            run = replace(state.staged_run, done=(*state.staged_run.done, step))
+            self._save(replace(state, staged_run=run))
 
     def end_staged(self) -> None:
         """The marked run finished: nothing of it is left to tell."""
         state = self.state()
-        self.store.journal("staged.end", run=state["staged_run"])
-        state["staged_run"] = None
-        self.store.save(state)
+        self.store.journal("staged.end", run=state.to_dict()["staged_run"])
+        self._save(replace(state, staged_run=None))
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _save(self, state: HostState) -> None:
+        self.store.update(state.to_dict())
 
     def _dir(self, number: int) -> PurePosixPath:
         return self.store.root / "generations" / str(number)

@@ -20,6 +20,7 @@ from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
+from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
 from ddtree_deploy.patching.step import PatchStep
@@ -57,7 +58,6 @@ class Prepared:
     lint: LintReport
     api_key: Secret | None
     steps: tuple[Step, ...]
-    generations: GenerationStore
 
     def mask(self, text: str) -> str:
         return self.api_key.mask(text) if self.api_key else text
@@ -104,20 +104,26 @@ class KernelsDeployStep:
         return StepResult(result.status, result.reason)
 
 
-def kernel_steps(cfg: DeployConfig, facts: HostFacts | None = None) -> list[Step]:
-    """The kernels step; SGLang imports the kernels only at start, so a change owes a restart."""
-    return [KernelsDeployStep(kernels_step(cfg, facts), facts)]
+def kernel_steps(
+    cfg: DeployConfig, facts: HostFacts | None, generations: GenerationStore
+) -> list[Step]:
+    """The kernels step; SGLang imports the kernels only at start, so a change owes a restart.
+    It keeps its record in the run's copy of the host state (`generations`)."""
+    return [KernelsDeployStep(kernels_step(cfg, facts, generations.store), facts)]
 
 
-def kernels_step(cfg: DeployConfig, facts: HostFacts | None) -> KernelsStep:
+def kernels_step(
+    cfg: DeployConfig, facts: HostFacts | None, store: HostStateStore | None = None
+) -> KernelsStep:
     """The kernels step held to the `ddtree_kernels.sglang` API that the patch set for the
-    host's SGLang calls: its smoke test refuses kernels of another API before they install."""
+    host's SGLang calls: its smoke test refuses kernels of another API before they install.
+    `store`: the run's host state, when it has read it (see `KernelsStep.store`)."""
     module_api = None
     if facts is not None and facts.sglang_version is not None:
         # An unsupported release: preflight refuses it, and there is no API to hold to.
         with contextlib.suppress(UnsupportedRelease):
             module_api = select_patch_set(facts.sglang_version).module_api()
-    return KernelsStep.from_config(cfg, module_api=module_api)
+    return KernelsStep.from_config(cfg, module_api=module_api, store=store)
 
 
 def validation_gates(cfg: DeployConfig) -> list[Gate]:
@@ -129,23 +135,26 @@ def validation_gates(cfg: DeployConfig) -> list[Gate]:
 
 
 def prepare(
-    cfg: DeployConfig, host: ShellHost, api_key: Secret | None, facts: HostFacts | None = None
+    cfg: DeployConfig,
+    generations: GenerationStore,
+    api_key: Secret | None,
+    facts: HostFacts | None = None,
 ) -> Prepared:
-    """Render and lint the service for `cfg` and build the steps that install it on `host`.
+    """Render and lint the service for `cfg` and build the steps that install it on the host
+    of `generations` (the run's record of it).
 
     `facts`: the host's probe when the caller has one (see `KernelsDeployStep`)."""
     rendered = render_service(cfg, api_key)
     lint = lint_unit(rendered, cfg.service.max_exposure)
     emit("service.lint", unit=lint.unit, ok=lint.ok, summary=lint.summary())
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     files = service_files(rendered)
     mask = api_key.mask if api_key else _identity
     steps: list[Step] = [
         *patch_steps(cfg),
-        *kernel_steps(cfg, facts),
+        *kernel_steps(cfg, facts, generations),
         *service_steps(cfg, files, generations, mask),
     ]
-    return Prepared(rendered, lint, api_key, tuple(steps), generations)
+    return Prepared(rendered, lint, api_key, tuple(steps))
 
 
 def preflight(cfg: DeployConfig, host: ShellHost) -> PreflightReport:
@@ -162,8 +171,12 @@ def deploy(
     *,
     gates: Sequence[Gate] | None = None,
     replace_top: bool = False,
+    generations: GenerationStore | None = None,
 ) -> DeployOutcome:
     """Bring `host` to what `cfg` says; zero changed steps when it already is.
+
+    `generations`: the host's record as the calling action holds it (read once per action);
+    a call of its own reads it afresh.
 
     `replace_top`: the new generation takes the place of the lineage's top on commit instead
     of stacking on it (`action=tune` keeps one judged candidate above shadow-linear, so a
@@ -174,21 +187,22 @@ def deploy(
     report = preflight(cfg, host)
     boundary("preflight")
     api_key = load_api_key(cfg.service)
-    prepared = prepare(cfg, host, api_key, report.facts)
+    generations = generations or GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    prepared = prepare(cfg, generations, api_key, report.facts)
     prepared.lint.raise_if_failed()
     if not cfg.host.systemd:  # staging: SGLang is patched and kernels installed for real
         staged = _deploy_staged(
-            prepared.generations, host, [*patch_steps(cfg), *kernel_steps(cfg, report.facts)]
+            generations, host, [*patch_steps(cfg), *kernel_steps(cfg, report.facts, generations)]
         )
         changed = sum(r.status == "changed" for r in staged)
         return DeployOutcome(cfg.host.name, None, changed, tuple(staged), report, prepared.lint)
-    generations = prepared.generations
     plans = check_steps(prepared.steps, host)
     state = generations.state()
-    if state["in_progress"] is None and all(p.status is PlanStatus.OK for _, p in plans):
-        emit("deploy.unchanged", generation=state["generation"])
+    # Not `state.serves(cfg)`: what decides here is the host's files, not its record of them.
+    if state.in_progress is None and all(p.status is PlanStatus.OK for _, p in plans):
+        emit("deploy.unchanged", generation=state.generation)
         rows = tuple(StepReport(s.name, "ok", p.reason) for s, p in plans)
-        return DeployOutcome(cfg.host.name, state["generation"], 0, rows, report, prepared.lint)
+        return DeployOutcome(cfg.host.name, state.generation, 0, rows, report, prepared.lint)
     number = generations.begin(
         "deploy",
         service_files(prepared.rendered),
@@ -204,7 +218,7 @@ def deploy(
         for gate in validation_gates(cfg) if gates is None else gates:
             gate(context)
         boundary("commit")
-        below = [g for g in state["lineage"] if g != number]
+        below = [g for g in state.lineage if g != number]
         if replace_top and below:
             below = below[:-1]
         lineage = [*below, number]
@@ -212,7 +226,7 @@ def deploy(
     except DeployError as err:
         if not cfg.rollout.rollback_on_failure:
             raise
-        raise _rolled_back(cfg, host, err) from err
+        raise _rolled_back(cfg, host, generations, err) from err
     emit("deploy.committed", generation=number)
     changed = sum(r.status == "changed" for r in rows_applied)
     return DeployOutcome(cfg.host.name, number, changed, tuple(rows_applied), report, prepared.lint)
@@ -222,10 +236,12 @@ class DeployRolledBack(DeployError):
     """A deploy failed after it changed the host and was rolled back."""
 
 
-def _rolled_back(cfg: DeployConfig, host: ShellHost, err: DeployError) -> DeployError:
+def _rolled_back(
+    cfg: DeployConfig, host: ShellHost, generations: GenerationStore, err: DeployError
+) -> DeployError:
     emit("deploy.failed", error=str(err), kind=type(err).__name__)
     try:
-        outcome = rollback(cfg, host)
+        outcome = rollback(cfg, host, generations=generations)
     except DeployError as rollback_err:
         failed = DeployRolledBack(
             f"{err} Rolling back failed too: {rollback_err}",

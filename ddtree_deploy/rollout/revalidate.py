@@ -30,6 +30,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ddtree_deploy.config.schema import Algo, DeployConfig, PromptConfig, TreeMode, WatchPolicy
+from ddtree_deploy.errors import ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts
@@ -62,13 +63,13 @@ from ddtree_deploy.watch.timer import watch_name
 class WatchAlert(ValidationFailed):
     """A re-validation failed under watch.policy=alert: reported, nothing changed."""
 
-    exit_code = 13
+    exit_code = ExitCode.WATCH_ALERT
 
 
 class WatchPaused(ValidationFailed):
     """A re-validation failed under watch.policy=pause: reported, the timer stopped."""
 
-    exit_code = 11
+    exit_code = ExitCode.VALIDATION_PAUSED
 
 
 def revalidate(
@@ -77,17 +78,17 @@ def revalidate(
     record: ValidationRecord,
     facts: HostFacts,
     changed: list[str],
+    generations: GenerationStore,
 ) -> None:
     """Re-validate the host (routine or full, see the module); `changed` receives the drifted
     fingerprint parts. Raises `ValidationFailed` (or the policy's subclass) on a failure."""
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     state = generations.state()
-    recorded = RecordedFingerprint.from_state(state)
+    recorded = RecordedFingerprint.from_state(generations.store.load())
     now = read_fingerprint(cfg, host, facts, sglang_python(cfg))
     changed += drift(recorded.parts, now) if recorded else ["no fingerprint was recorded"]
     api_key = load_api_key(cfg.service)
-    if state.get("algo") != Algo.DDTREE.value or cfg.algo.name is Algo.DFLASH:
-        _check_linear(cfg, host, api_key, record, state["generation"])
+    if state.algo != Algo.DDTREE.value or cfg.algo.name is Algo.DFLASH:
+        _check_linear(cfg, host, api_key, record, state.generation)
         return
     found = stored_baseline(cfg, host, generations)
     stale = _stale_baseline(cfg, found)
@@ -101,21 +102,21 @@ def revalidate(
         record.notes.append(stale)
     if changed or stale:
         emit("watch.full", changed=changed, stale_baseline=stale)
-        rollback(cfg, host, to_linear=True)
-        deploy_validated(cfg, host, record)
-        record_validated(cfg, host, facts)
+        rollback(cfg, host, to_linear=True, generations=generations)
+        deploy_validated(cfg, host, record, generations)
+        record_validated(cfg, host, facts, generations)
         return
-    results = _routine(cfg, host, api_key, found, state["generation"], record)
+    results = _routine(cfg, host, api_key, found, state.generation, record)
     stopper = deciding_gate(results)
     if decide(results, cfg.validation.on_inconclusive) is not Decision.promote and stopper:
         sentence = (
             f"Re-validation gate {stopper.gate} {stopper.outcome.value} on {cfg.host.name} "
             f"({algo_summary(cfg)}): {stopper.sentence}"
         )
-        raise _on_failure(cfg, host, api_key, record, sentence)
+        raise _on_failure(cfg, host, api_key, record, sentence, generations)
     sample = len(_sample(cfg))
     record.decide(
-        "passed",
+        Decision.passed,
         f"{cfg.host.name} still passes every gate for {algo_summary(cfg)} on {sample} "
         "prompt(s); nothing was restarted.",
     )
@@ -260,9 +261,11 @@ def _check_linear(
     stopper = deciding_gate(results)
     if stopper is not None and stopper.outcome is not Outcome.passed:
         sentence = f"Linear DFlash fails gate {stopper.gate} on {cfg.host.name}: {stopper.sentence}"
-        record.decide("failed", sentence)
+        record.decide(Decision.failed, sentence)
         raise WatchAlert(sentence, record)
-    record.decide("passed", f"{cfg.host.name} serves linear DFlash and passes its health gates.")
+    record.decide(
+        Decision.passed, f"{cfg.host.name} serves linear DFlash and passes its health gates."
+    )
 
 
 def _on_failure(
@@ -271,15 +274,16 @@ def _on_failure(
     api_key: Secret | None,
     record: ValidationRecord,
     sentence: str,
+    generations: GenerationStore,
 ) -> ValidationFailed:
     """What `watch.policy` does after a failed routine re-validation; the error to raise."""
     policy = cfg.watch.policy
-    GenerationStore(host, PurePosixPath(cfg.host.state_dir)).journal(
-        "watch.failed", policy=policy.value, sentence=sentence
-    )
+    generations.journal("watch.failed", policy=policy.value, sentence=sentence)
     emit("watch.failed", policy=policy.value, sentence=sentence)
     if policy is WatchPolicy.rollback:
-        return roll_back_after_failure(cfg, host, api_key, record, sentence, GateFailed(sentence))
+        return roll_back_after_failure(
+            cfg, host, api_key, record, sentence, GateFailed(sentence), generations
+        )
     if policy is WatchPolicy.pause:
         timer = f"{watch_name(cfg)}.timer"
         host.run(["systemctl", "stop", "--", timer], sudo=True, check=False)
@@ -292,7 +296,7 @@ def _on_failure(
             record,
             hint=f"Investigate, then deploy again or run `systemctl start {timer}`.",
         )
-    record.decide("failed", f"{sentence} Nothing was changed (watch.policy=alert).")
+    record.decide(Decision.failed, f"{sentence} Nothing was changed (watch.policy=alert).")
     return WatchAlert(
         record.sentence, record, hint="Investigate, then deploy again or run action=rollback."
     )

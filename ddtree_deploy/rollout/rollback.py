@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddtree_deploy.config.schema import Algo, DeployConfig
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.patching.step import PatchStep
@@ -36,7 +36,7 @@ _ALGO_ARG = re.compile(r"--speculative-algorithm\s+\"?(?P<algo>[A-Z0-9_]+)")
 class NothingToRollBack(DeployError):
     """The host has no generation recorded by this toolkit."""
 
-    exit_code = 8
+    exit_code = ExitCode.NOTHING_TO_ROLL_BACK
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,14 @@ class RollbackOutcome:
     summary: str
     unit_state: str
     steps: tuple[StepReport, ...]
+
+    def sentence(self) -> str:
+        """What the rollback did, as a host's run and a fleet's recap both say it."""
+        came_from = f" from generation {self.from_generation}" if self.from_generation else ""
+        return (
+            f"rolled back{came_from} to generation {self.to_generation} ({self.summary}); "
+            f"the unit is {self.unit_state}."
+        )
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ def rollback(
     *,
     to_linear: bool = False,
     to_generation: int | None = None,
+    generations: GenerationStore | None = None,
 ) -> RollbackOutcome:
     """Return `host` to its previous generation and wait until the unit runs steadily.
 
@@ -76,9 +85,10 @@ def rollback(
     0: to the unit found before the first generation). An interrupted rollback is finished
     first, whatever `to_linear` or `to_generation` say.
     Raises `NothingToRollBack` for a host without generations, `UnitFailedToStart` (with the
-    journal) when the target does not come up either.
+    journal) when the target does not come up either. `generations`: the host's record as the
+    calling action holds it; a call of its own reads it afresh.
     """
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+    generations = generations or GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     api_key = load_api_key(cfg.service)
     mask = api_key.mask if api_key else (lambda text: text)
     target = _target(cfg, generations, to_linear=to_linear, to_generation=to_generation)
@@ -125,16 +135,16 @@ def _target(
     cfg: DeployConfig, generations: GenerationStore, *, to_linear: bool, to_generation: int | None
 ) -> _Target:
     state = generations.state()
-    lineage: list[int] = list(state["lineage"])
+    lineage = list(state.lineage)
     bottom = lineage[0] if lineage else None  # the generation that replaced the unit found before
-    interrupted = state["in_progress"]
-    if interrupted and interrupted["kind"] == "rollback":  # finish it
-        number = int(interrupted["generation"])
+    interrupted = state.in_progress
+    if interrupted and interrupted.kind == "rollback":  # finish it
+        number = interrupted.generation
         meta = generations.meta(number)
         assert meta is not None, "begin() wrote meta.json before marking it in progress"
         return _Target(number, generations.files(number), [], None, meta.algo, meta.summary)
     if interrupted:  # an interrupted deploy: back to the last committed generation
-        from_generation = int(interrupted["generation"])
+        from_generation = interrupted.generation
     elif lineage:
         from_generation = lineage.pop()
     else:

@@ -136,9 +136,9 @@ class RestartStep:
     mask: Callable[[str], str]
 
     def check(self, host: ShellHost) -> StepPlan:
-        owed = self.generations.state()["pending_restart"]
+        owed = self.generations.state().pending_restart
         if owed:
-            return StepPlan.would_change(f"owed by: {', '.join(owed['reasons'])}")
+            return StepPlan.would_change(f"owed by: {', '.join(owed.reasons)}")
         if host.read_text(PurePosixPath(self.files.unit_path), sudo=True) != self.files.unit_text:
             return StepPlan.would_change("after the unit file changes")
         if host.read_text(PurePosixPath(self.files.env_path), sudo=True) != self.files.env_text:

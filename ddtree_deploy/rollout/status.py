@@ -27,7 +27,7 @@ from ddtree_deploy.hosts.lock import lock_holder
 from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching import FileState
 from ddtree_deploy.patching.step import PatchStep
-from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.generations import GenerationStore, HostState
 from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.watch_record import fingerprint_drift
 from ddtree_deploy.service import systemd
@@ -83,15 +83,19 @@ def installed_patch_step(cfg: DeployConfig, facts: HostFacts) -> PatchStep:
     )
 
 
-def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
+def host_status(
+    cfg: DeployConfig, host: ShellHost, generations: GenerationStore | None = None
+) -> HostStatus:
+    """The host's status, read through `generations` (the action's record of the host; a call
+    of its own reads it afresh)."""
+    generations = generations or GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     state = generations.state()
     unit_path = unit_paths(cfg)[0]
     drift: list[str] = []
     if cfg.host.systemd:
         unit = systemd.unit_state(host, unit_path.name)
         unit_state, enabled = unit.describe(), unit.unit_file_state or "not installed"
-        if state["generation"] is not None:
+        if state.generation is not None:
             drift += _service_drift(cfg, host, state, unit)
     else:
         unit_state, enabled = "not managed", "host.systemd=false"
@@ -102,29 +106,30 @@ def host_status(cfg: DeployConfig, host: ShellHost) -> HostStatus:
         for path, file_state in patch_files
         if file_state == FileState.drifted
     ]
-    changed_parts = fingerprint_drift(cfg, host, facts)
+    changed_parts = fingerprint_drift(cfg, host, facts, generations)
     drift += changed_parts
-    owed = state["pending_restart"]
+    owed = state.pending_restart
+    sections = generations.store.load()  # the other rooms' parts of state.json
     status = HostStatus(
         host=cfg.host.name,
         service_managed=cfg.host.systemd,
-        generation=state["generation"],
-        lineage=tuple(state["lineage"]),
-        algo=state.get("algo", "none"),
-        summary=state.get("summary", "no generation recorded"),
+        generation=state.generation,
+        lineage=state.lineage,
+        algo=state.algo or "none",
+        summary=state.summary or "no generation recorded",
         unit=unit_path.name,
         unit_state=unit_state,
         enabled=enabled,
         interrupted=interrupted_run(generations, state),
-        pending_restart=tuple(owed["reasons"]) if owed else (),
+        pending_restart=owed.reasons if owed else (),
         patch_set=patch_set,
         patch_files=patch_files,
-        kernels=_kernels_state(cfg, facts, host),
+        kernels=_kernels_state(cfg, facts, host, generations),
         drift=tuple(drift),
         locked_by=lock_holder(host, PurePosixPath(cfg.host.state_dir)),
         fingerprint_drift=tuple(changed_parts),
-        last_verdict=_last_verdict(state),
-        acceptance=(state.get("watch") or {}).get("figures", {}).get("acceptance_length"),
+        last_verdict=_last_verdict(sections),
+        acceptance=(sections.get("watch") or {}).get("figures", {}).get("acceptance_length"),
     )
     emit(
         "status",
@@ -148,11 +153,11 @@ def _last_verdict(state: dict[str, Any]) -> str | None:
     return f"{'passed' if last['passed'] else 'failed'} {when}"
 
 
-def interrupted_run(generations: GenerationStore, state: dict[str, Any]) -> InterruptedRun | None:
+def interrupted_run(generations: GenerationStore, state: HostState) -> InterruptedRun | None:
     """The run `state` says stopped midway, if any: a generation left in progress, or a deploy
     without a generation (host.systemd=false) that never marked its end."""
-    if (in_progress := state["in_progress"]) is not None:
-        number, kind = int(in_progress["generation"]), str(in_progress["kind"])
+    if (in_progress := state.in_progress) is not None:
+        number, kind = in_progress.generation, in_progress.kind
         started = tuple(generations.started_steps(number))
         if kind == "rollback":
             return InterruptedRun(
@@ -161,7 +166,7 @@ def interrupted_run(generations: GenerationStore, state: dict[str, Any]) -> Inte
                 f"action=rollback finishes it; action=deploy takes generation {number} over "
                 "for what it deploys.",
             )
-        lineage = [g for g in state["lineage"] if g != number]
+        lineage = [g for g in state.lineage if g != number]
         back = f"generation {lineage[-1]}" if lineage else "the unit found before generation 1"
         return InterruptedRun(
             f"deploy of generation {number}",
@@ -169,30 +174,29 @@ def interrupted_run(generations: GenerationStore, state: dict[str, Any]) -> Inte
             f"action=deploy finishes generation {number} (every step checked again, what "
             f"differs applied, then the gates); action=rollback undoes it, back to {back}.",
         )
-    if (staged := state["staged_run"]) is not None:
-        done = [str(step) for step in staged["done"]]
-        left = [str(step) for step in staged["steps"] if step not in done]
+    if (staged := state.staged_run) is not None:
+        left = [step for step in staged.steps if step not in staged.done]
         return InterruptedRun(
-            f"{staged['action']} without a generation (host.systemd=false), stopped before "
+            f"{staged.action} without a generation (host.systemd=false), stopped before "
             + (", ".join(left) or "it marked its end"),
-            tuple(done),
-            f"action={staged['action']} checks {', '.join(staged['steps'])} again and applies "
+            staged.done,
+            f"action={staged.action} checks {', '.join(staged.steps)} again and applies "
             "what differs; action=unpatch puts pristine SGLang back.",
         )
     return None
 
 
 def _service_drift(
-    cfg: DeployConfig, host: ShellHost, state: dict[str, Any], unit: systemd.UnitState
+    cfg: DeployConfig, host: ShellHost, state: HostState, unit: systemd.UnitState
 ) -> list[str]:
     """How the installed unit and env file differ from what the current generation wrote."""
     unit_path, env_path = unit_paths(cfg)
     drift: list[str] = []
-    for path, key in ((unit_path, "unit_sha256"), (env_path, "env_sha256")):
+    for path, recorded in ((unit_path, state.unit_sha256), (env_path, state.env_sha256)):
         text = host.read_text(path, sudo=True)
         if text is None:
             drift.append(f"{path} was removed")
-        elif sha256_text(text) != state.get(key):
+        elif sha256_text(text) != recorded:
             drift.append(f"{path} was changed outside ddtree-deploy")
     mode = host.run(["stat", "-c", "%a", "--", str(env_path)], sudo=True, check=False)
     if mode.ok and mode.stdout.strip() != "600":
@@ -218,9 +222,11 @@ def _patch_state(
     )
 
 
-def _kernels_state(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> str:
+def _kernels_state(
+    cfg: DeployConfig, facts: HostFacts, host: ShellHost, generations: GenerationStore
+) -> str:
     """Whether the SGLang venv holds the kernels build its ABI needs (what build-kernels does)."""
-    plan = KernelsStep.from_config(cfg).check(host, facts)
+    plan = KernelsStep.from_config(cfg, store=generations.store).check(host, facts)
     if plan.status is PlanStatus.OK and plan.key is not None:
         return f"{plan.key.slug} installed"
     if plan.status is PlanStatus.WOULD_CHANGE:

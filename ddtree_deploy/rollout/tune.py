@@ -33,7 +33,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ddtree_deploy.config.schema import Algo, DeployConfig, InconclusivePolicy, TreeMode
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
@@ -66,7 +66,7 @@ TUNE_FORMAT = 1
 class TuneNoWinner(ValidationFailed):
     """No candidate passed every gate at every concurrency; linear DFlash serves again."""
 
-    exit_code = 12
+    exit_code = ExitCode.NO_WINNER
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,9 @@ def _save_progress(cfg: DeployConfig, host: ShellHost, progress: _Progress) -> N
 # -- the sweep ------------------------------------------------------------------------------------
 
 
-def tune(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> CandidateResult:
+def tune(
+    cfg: DeployConfig, host: ShellHost, record: ValidationRecord, generations: GenerationStore
+) -> CandidateResult:
     """Sweep the grid on `host` and promote the winner; returns its result.
 
     Host effects: generations (shadow-linear, one per candidate, the winner's), baselines and
@@ -231,7 +233,6 @@ def tune(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> Candid
     (exit 12) when no candidate passes; in both cases linear DFlash serves, proven healthy.
     """
     api_key = load_api_key(cfg.service)
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     key = sweep_key(cfg)
     progress = _resume_or_start(cfg, host, generations, key, record)
     levels = list(cfg.tune.concurrency)
@@ -246,7 +247,13 @@ def tune(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> Candid
     if progress.shadow_generation is None:
         shadow_cfg = variant(at_concurrency(cfg, levels[0]), TreeMode.shadow_linear)
         outcome = run_phase(
-            shadow_cfg, host, api_key, record, "shadow_linear", shadow_judge(baselines[levels[0]])
+            shadow_cfg,
+            host,
+            api_key,
+            record,
+            "shadow_linear",
+            shadow_judge(baselines[levels[0]]),
+            generations,
         )
         progress.shadow_generation = outcome.generation
         _save_progress(cfg, host, progress)
@@ -259,7 +266,9 @@ def tune(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> Candid
         if candidate.slug in progress.results:
             record.notes.append(f"Candidate {candidate.label} was judged earlier in this sweep.")
         else:
-            result = _judge_candidate(cfg, host, api_key, record, progress, candidate, baselines)
+            result = _judge_candidate(
+                cfg, host, api_key, record, progress, candidate, baselines, generations
+            )
             progress.results[candidate.slug] = result
             _save_progress(cfg, host, progress)
             boundary("tune.judged")
@@ -271,7 +280,7 @@ def tune(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> Candid
     if winner is None:
         progress.finished = True
         _save_progress(cfg, host, progress)
-        raise _no_winner(cfg, host, api_key, record, results)
+        raise _no_winner(cfg, host, api_key, record, results, generations)
     _serve_winner(cfg, host, generations, progress, winner, record)
     progress.finished = True
     _save_progress(cfg, host, progress)
@@ -288,27 +297,27 @@ def _resume_or_start(
     """Resume an unfinished sweep of the same grid, or start one from linear DFlash."""
     state = generations.state()
     stored = _load_progress(cfg, host)
-    if state["in_progress"] is not None:
+    if state.in_progress is not None:
         record.notes.append(
-            f"Generation {state['in_progress']['generation']} was left in progress by a killed "
+            f"Generation {state.in_progress.generation} was left in progress by a killed "
             "run, unjudged; it was rolled back before the sweep went on."
         )
-        rollback(cfg, host)
+        rollback(cfg, host, generations=generations)
         state = generations.state()
     if stored is not None and stored.key == key and not stored.finished:
         shadow = stored.shadow_generation
-        if shadow is not None and shadow not in state["lineage"]:
+        if shadow is not None and shadow not in state.lineage:
             stored.shadow_generation = None
         if stored.shadow_generation is not None or stored.results:
             record.notes.append(
                 f"Resumed the sweep: {len(stored.results)} candidate(s) judged before."
             )
         return stored
-    if state.get("algo") not in (None, Algo.DFLASH.value):  # a fresh sweep measures it afresh
-        rollback(cfg, host, to_linear=True)
+    if state.algo not in (None, Algo.DFLASH.value):  # a fresh sweep measures it afresh
+        rollback(cfg, host, to_linear=True, generations=generations)
         state = generations.state()
         record.notes.append(
-            f"Returned to generation {state['generation']} ({state.get('summary')}) so the sweep "
+            f"Returned to generation {state.generation} ({state.summary}) so the sweep "
             "starts on linear DFlash."
         )
     progress = _Progress(key)
@@ -329,9 +338,9 @@ def _judge_candidate(
     progress: _Progress,
     candidate: Candidate,
     baselines: dict[int, Measurement],
+    generations: GenerationStore,
 ) -> CandidateResult:
     """Deploy one candidate through its gates; a failure is rolled back and recorded."""
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     cand_cfg = _candidate_cfg(cfg, candidate)
     result = CandidateResult(candidate)
     emit("validate.phase", phase=f"tune.{candidate.slug}", algo=algo_summary(cand_cfg))
@@ -352,10 +361,10 @@ def _judge_candidate(
         progress.results[candidate.slug] = result
         _save_progress(cfg, host, progress)
 
-    top = generations.state()["lineage"][-1:]
+    top = generations.state().lineage[-1:]
     replace_top = bool(top) and top[0] != progress.shadow_generation
     try:
-        deploy(cand_cfg, host, gates=[gate], replace_top=replace_top)
+        deploy(cand_cfg, host, gates=[gate], replace_top=replace_top, generations=generations)
     except DeployError as err:
         if result.verdict == "not_run":  # no verdict yet: the unit or a measurement failed
             reason = (str(err.__cause__ or err)).split("\n", 1)[0]
@@ -364,13 +373,14 @@ def _judge_candidate(
                 result, GateResult(failed, Outcome.failed, reason), cfg.tune.concurrency
             )
         state = generations.state()
-        if state["in_progress"] is not None:  # the pipeline's rollback failed too
+        if state.in_progress is not None:  # the pipeline's rollback failed too
+            reason = f"{candidate.label}: {result.sentence}"
             raise roll_back_after_failure(
-                cfg, host, api_key, record, f"{candidate.label}: {result.sentence}", err
+                cfg, host, api_key, record, reason, err, generations
             ) from err
         record.notes.append(
             f"Candidate {candidate.label} did not pass ({result.sentence}); rolled back to "
-            f"generation {state['generation']} ({state.get('summary')})."
+            f"generation {state.generation} ({state.summary})."
         )
     return result
 
@@ -500,9 +510,9 @@ def _serve_winner(
     """Make the winner serve (it may already) and promote it."""
     win_cfg = _candidate_cfg(cfg, winner.candidate)
     state = generations.state()
-    number = state["generation"]
-    if state["in_progress"] is not None or state.get("config_hash") != config_hash(win_cfg):
-        top = state["lineage"][-1:]
+    number = state.generation
+    if not state.serves(win_cfg):
+        top = state.lineage[-1:]
         replace_top = bool(top) and top[0] != progress.shadow_generation
 
         def serving(ctx: GateContext) -> None:  # judged in this sweep: the polled gates suffice
@@ -512,11 +522,13 @@ def _serve_winner(
                 raise GateFailed(f"Gate {bad.gate} {bad.outcome.value}: {bad.sentence}")
 
         try:
-            number = deploy(win_cfg, host, gates=[serving], replace_top=replace_top).generation
+            number = deploy(
+                win_cfg, host, gates=[serving], replace_top=replace_top, generations=generations
+            ).generation
         except DeployError as err:
             reason = f"The winner {winner.candidate.label} did not come back: {err}"
             raise roll_back_after_failure(
-                cfg, host, load_api_key(cfg.service), record, reason, err
+                cfg, host, load_api_key(cfg.service), record, reason, err, generations
             ) from err
     promote(win_cfg, host, generations, number, record)
     record.decide(
@@ -533,14 +545,17 @@ def _no_winner(
     api_key: Secret | None,
     record: ValidationRecord,
     results: list[CandidateResult],
+    generations: GenerationStore,
 ) -> TuneNoWinner:
     reason = (
         f"No candidate of {len(results)} passed every gate at concurrency "
         f"{', '.join(map(str, cfg.tune.concurrency))} (validation.min_speedup="
         f"{cfg.validation.min_speedup:g}); linear DFlash stays."
     )
-    failed = roll_back_after_failure(cfg, host, api_key, record, reason, GateFailed(reason))
-    record.decide("no_winner", failed.message)
+    failed = roll_back_after_failure(
+        cfg, host, api_key, record, reason, GateFailed(reason), generations
+    )
+    record.decide(Decision.no_winner, failed.message)
     return TuneNoWinner(
         failed.message,
         record,

@@ -24,10 +24,10 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.rollout.generations import GenerationStore, config_hash
+from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.pipeline import DeployOutcome, GateContext, deploy
 from ddtree_deploy.rollout.rollback import rollback
@@ -65,7 +65,7 @@ class ValidationFailed(ValidationError):
 class ValidationPaused(ValidationFailed):
     """An inconclusive gate under on_inconclusive=pause: the generation serves, unpromoted."""
 
-    exit_code = 11
+    exit_code = ExitCode.VALIDATION_PAUSED
 
 
 Judge = Callable[[ServiceProbe, GateContext], tuple[list[GateResult], Measurement | None]]
@@ -86,38 +86,44 @@ class StoredBaseline:
         return None if self.measured_at is None else (now - self.measured_at) / 3600
 
 
-def deploy_validated(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> DeployOutcome:
+def deploy_validated(
+    cfg: DeployConfig, host: ShellHost, record: ValidationRecord, generations: GenerationStore
+) -> DeployOutcome:
     """Deploy `cfg` through the gates its algorithm needs; raise `ValidationFailed` if not promoted.
 
     Host effects: the pipeline's (generations, unit, restarts), a `baseline-<hash>.json` in the
     linear-DFlash generation, a `validation.json` in the promoted one. Idempotent: a host that
-    already runs `cfg` is left alone (no gates, decision `unchanged`).
+    already runs `cfg` is left alone (no gates, decision `unchanged`). `generations`: the host's
+    record as the action holds it.
     """
     api_key = load_api_key(cfg.service)
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     state = generations.state()
-    if state["in_progress"] is None and state.get("config_hash") == config_hash(cfg):
-        outcome = deploy(cfg, host, gates=[])
-        record.decide("unchanged", f"{cfg.host.name} already runs {algo_summary(cfg)}.")
+    if state.serves(cfg):
+        outcome = deploy(cfg, host, gates=[], generations=generations)
+        record.decide(Decision.unchanged, f"{cfg.host.name} already runs {algo_summary(cfg)}.")
         return outcome
-    if state["in_progress"] is not None:
+    if state.in_progress is not None:
         record.notes.append(
-            f"Generation {state['in_progress']['generation']} was left in progress by a killed "
+            f"Generation {state.in_progress.generation} was left in progress by a killed "
             "run; this run finishes it through the gates (or rolls it back)."
         )
     if not cfg.host.systemd:
-        outcome = deploy(cfg, host, gates=[])
-        record.decide("staging", "host.systemd=false: the unit was rendered and linted, not run.")
+        outcome = deploy(cfg, host, gates=[], generations=generations)
+        record.decide(
+            Decision.staging, "host.systemd=false: the unit was rendered and linted, not run."
+        )
         return outcome
     if cfg.algo.name is Algo.DFLASH:
-        outcome = run_phase(cfg, host, api_key, record, "linear", _record_baseline)
+        outcome = run_phase(cfg, host, api_key, record, "linear", _record_baseline, generations)
         record.decide(Decision.promote, f"Linear DFlash serves on {cfg.host.name}; baseline kept.")
         return outcome
     baseline = measure_baseline(cfg, host, api_key, generations, record)
     shadow_cfg = variant(cfg, TreeMode.shadow_linear)
-    outcome = run_phase(shadow_cfg, host, api_key, record, "shadow_linear", shadow_judge(baseline))
+    outcome = run_phase(
+        shadow_cfg, host, api_key, record, "shadow_linear", shadow_judge(baseline), generations
+    )
     if cfg.algo.mode is TreeMode.tree:
-        outcome = run_phase(cfg, host, api_key, record, "tree", tree_judge(baseline))
+        outcome = run_phase(cfg, host, api_key, record, "tree", tree_judge(baseline), generations)
     promote(cfg, host, generations, outcome.generation, record)
     return outcome
 
@@ -144,6 +150,7 @@ def run_phase(
     record: ValidationRecord,
     name: str,
     judge: Judge,
+    generations: GenerationStore,
 ) -> DeployOutcome:
     """Deploy `cfg` with the polled gates plus `judge`; roll back and prove it on failure."""
     emit("validate.phase", phase=name, algo=algo_summary(cfg))
@@ -173,7 +180,7 @@ def run_phase(
             paused.append(stopper)
 
     try:
-        outcome = deploy(cfg, host, gates=[gate])
+        outcome = deploy(cfg, host, gates=[gate], generations=generations)
     except DeployError as err:
         cause = err.__cause__ if isinstance(err.__cause__, DeployError) else err
         reason = str(cause).split("\n", 1)[0]
@@ -182,7 +189,7 @@ def run_phase(
                 name, algo_summary(cfg), None, [GateResult("unit_active", Outcome.failed, reason)]
             )
             reason = f"Gate unit_active failed on {host.name} ({algo_summary(cfg)}): {reason}"
-        raise roll_back_after_failure(cfg, host, api_key, record, reason, err) from err
+        raise roll_back_after_failure(cfg, host, api_key, record, reason, err, generations) from err
     if paused:
         stopper = paused[0]
         sentence = (
@@ -206,37 +213,36 @@ def roll_back_after_failure(
     record: ValidationRecord,
     reason: str,
     raised: DeployError,
+    generations: GenerationStore,
 ) -> ValidationFailed:
     """Finish the rollback to linear DFlash, prove it, and build the error the CLI prints."""
     if not cfg.rollout.rollback_on_failure:
-        record.decide("failed", reason)
+        record.decide(Decision.failed, reason)
         return ValidationFailed(
             f"{reason} Not rolled back (rollout.rollback_on_failure=false).", record
         )
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     try:
         for _ in range(2):  # twice: a rollback left interrupted is finished before this one
-            state = generations.state()
-            if state.get("algo") in (None, Algo.DFLASH.value) and state["in_progress"] is None:
+            if generations.state().serves_linear:
                 break
-            rollback(cfg, host, to_linear=True)
+            rollback(cfg, host, to_linear=True, generations=generations)
         state = generations.state()
     except DeployError as err:
-        record.decide("failed", f"{reason} Rolling back failed too: {err}")
+        record.decide(Decision.failed, f"{reason} Rolling back failed too: {err}")
         return ValidationFailed(record.sentence, record, hint=raised.hint)
-    record.rolled_back_to = state["generation"]
+    record.rolled_back_to = state.generation
     linear = _linear(cfg)
     proof = ServiceProbe(linear, host, api_key).first_gates(Expected.of(linear))
-    record.add("rollback_proof", algo_summary(linear), state["generation"], proof)
+    record.add("rollback_proof", algo_summary(linear), state.generation, proof)
     healthy = all(r.outcome is Outcome.passed for r in proof)
     verdict = (
         "which passed the health gates"
         if healthy
         else f"which is NOT healthy: {proof[-1].gate} {proof[-1].sentence}"
     )
-    number = state["generation"]
+    number = state.generation
     back = (
-        f"Rolled back to generation {number} ({state.get('summary') or state.get('algo')})"
+        f"Rolled back to generation {number} ({state.summary or state.algo})"
         if number is not None
         else "Rolled back to what ran before (linear DFLASH)"
     )
@@ -361,8 +367,8 @@ def measure_baseline(
 ) -> Measurement:
     """Measure the running linear-DFlash service, or reuse what a killed run stored."""
     state = generations.state()
-    current = state["generation"]
-    if state["in_progress"] is None and state.get("algo") in (None, Algo.DFLASH.value):
+    current = state.generation
+    if state.serves_linear:
         linear = _linear(cfg)
         probe = ServiceProbe(linear, host, api_key)
         gates = probe.first_gates(Expected.of(linear))
@@ -373,7 +379,7 @@ def measure_baseline(
                 f"The linear-DFlash service on {cfg.host.name} fails gate {bad.gate} before any "
                 f"change ({bad.sentence}); nothing was changed."
             )
-            record.decide("failed", sentence)
+            record.decide(Decision.failed, sentence)
             raise ValidationFailed(sentence, record)
         baseline = _measure(probe, "linear DFlash", "baseline")
         measured_at = _store_baseline(cfg, host, current, baseline)
@@ -394,7 +400,7 @@ def measure_baseline(
         f"{cfg.host.name} does not serve linear DFlash now and has no stored baseline for this "
         "prompt set; deploy algo=dflash first, then algo=ddtree."
     )
-    record.decide("failed", sentence)
+    record.decide(Decision.failed, sentence)
     raise ValidationFailed(sentence, record)
 
 
@@ -405,8 +411,7 @@ def stored_baseline(
 
     Generation 0 holds what was recorded before any generation (a staging or lab host's).
     """
-    state = generations.state()
-    for number in reversed([*state["lineage"], 0]):
+    for number in reversed([*generations.state().lineage, 0]):
         meta = generations.meta(number) if number else None
         if number and (meta is None or meta.algo != Algo.DFLASH.value):
             continue
@@ -422,7 +427,9 @@ def stored_baseline(
 # -- action=validate: the gates against the service as it runs now --------------------------------
 
 
-def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecord) -> None:
+def validate_running(
+    cfg: DeployConfig, host: ShellHost, record: ValidationRecord, generations: GenerationStore
+) -> None:
     """Judge the running service as `cfg` describes it; changes nothing but the baseline.
 
     Linear DFlash: the polled gates, then the prompt set is measured and stored as the
@@ -430,8 +437,7 @@ def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
     tree gate against the stored baseline. Raises `ValidationFailed` when a gate fails.
     """
     api_key = load_api_key(cfg.service)
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
-    number = generations.state()["generation"] or 0
+    number = generations.state().generation or 0
     judge: Judge
     if cfg.algo.name is Algo.DFLASH:
         phase, judge = "baseline", _record_baseline
@@ -442,7 +448,7 @@ def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
                 f"{cfg.host.name} has no stored linear-DFlash baseline for this prompt set; "
                 "run action=validate algo=dflash while linear DFlash serves, then again."
             )
-            record.decide("failed", sentence)
+            record.decide(Decision.failed, sentence)
             raise ValidationFailed(sentence, record)
         shadow = cfg.algo.mode is TreeMode.shadow_linear
         phase = "shadow_linear" if shadow else "tree"
@@ -464,9 +470,9 @@ def validate_running(cfg: DeployConfig, host: ShellHost, record: ValidationRecor
             f"Gate {stopper.gate} {stopper.outcome.value} on {cfg.host.name} "
             f"({algo_summary(cfg)}): {stopper.sentence}"
         )
-        record.decide("failed", sentence)
+        record.decide(Decision.failed, sentence)
         raise ValidationFailed(sentence, record)
-    record.decide("passed", f"{cfg.host.name} passes every gate for {algo_summary(cfg)}.")
+    record.decide(Decision.passed, f"{cfg.host.name} passes every gate for {algo_summary(cfg)}.")
 
 
 # -- the measured gates ---------------------------------------------------------------------------

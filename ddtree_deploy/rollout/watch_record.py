@@ -3,7 +3,8 @@ the Prometheus metrics of every one.
 
 `action=deploy` (once its gates ran), `action=validate` and `action=revalidate` call
 `record_validated` after a pass and `note_validation` after every run; `action=status` calls
-`fingerprint_drift` and `metrics_text`. Writers run under the caller's connection and the host's
+`fingerprint_drift` and `metrics_text`. Each takes the action's `GenerationStore`, whose copy of
+`state.json` holds the sections kept here (`fingerprint`, `watch`); writers run under the host's
 lock.
 """
 
@@ -26,25 +27,25 @@ from ddtree_deploy.watch.metrics import exposition, families, fold
 METRICS_FILE = "metrics.prom"  # in host.state_dir: what `status output=prometheus` reads
 
 
-def record_validated(cfg: DeployConfig, host: ShellHost, facts: HostFacts) -> RecordedFingerprint:
+def record_validated(
+    cfg: DeployConfig, host: ShellHost, facts: HostFacts, generations: GenerationStore
+) -> RecordedFingerprint:
     """Store the host's fingerprint now as the one its current generation's validation proved."""
     parts = read_fingerprint(cfg, host, facts, sglang_python(cfg))
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
-    state = generations.state()
-    generation = state["generation"]
+    generation = generations.state().generation
     recorded = RecordedFingerprint(parts, generation, round(time.time(), 3))
-    state["fingerprint"] = recorded.to_dict()
     generations.journal("fingerprint.recorded", generation=generation)
-    generations.store.save(state)
+    generations.store.update({"fingerprint": recorded.to_dict()})
     emit("fingerprint.recorded", generation=generation)
     return recorded
 
 
-def fingerprint_drift(cfg: DeployConfig, host: ShellHost, facts: HostFacts) -> list[str]:
+def fingerprint_drift(
+    cfg: DeployConfig, host: ShellHost, facts: HostFacts, generations: GenerationStore
+) -> list[str]:
     """How the host differs from the fingerprint its last passed validation recorded; nothing
     (and no remote read) when none was recorded, one line when it cannot be read now."""
-    state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
-    recorded = RecordedFingerprint.from_state(state)
+    recorded = RecordedFingerprint.from_state(generations.store.load())
     if recorded is None:
         return []
     try:
@@ -58,6 +59,7 @@ def note_validation(
     cfg: DeployConfig,
     host: ShellHost,
     record: ValidationRecord,
+    generations: GenerationStore,
     *,
     failed: bool,
     drift_parts: int = 0,
@@ -67,32 +69,29 @@ def note_validation(
     Written to `host.state_dir/metrics.prom` and, with `watch.textfile_dir`, to
     `ddtree_<host>.prom` there: each through a temp file renamed over it (the collector reads
     only `*.prom` files, so it never sees half a file)."""
-    generations = GenerationStore(host, PurePosixPath(cfg.host.state_dir))
-    state = generations.state()
     tree = (
         {"budget": cfg.algo.budget, "topk": cfg.algo.topk}
-        if cfg.algo.name is Algo.DDTREE and state.get("algo") == Algo.DDTREE.value
+        if cfg.algo.name is Algo.DDTREE and generations.state().algo == Algo.DDTREE.value
         else None
     )
-    state["watch"] = fold(
-        state.get("watch"),
+    watch = fold(
+        generations.store.load().get("watch"),
         record.to_dict(),
         failed=failed,
         rolled_back=record.rolled_back_to is not None,
         drift=drift_parts,
         tree=tree,
     )
-    generations.store.save(state)
-    text = exposition(cfg.host.name, families(state))
+    generations.store.update({"watch": watch})
+    text = exposition(cfg.host.name, families(generations.store.load()))
     host.write_atomic(generations.store.root / METRICS_FILE, text, mode=0o644, sudo=True)
     if cfg.watch.textfile_dir:
         target = PurePosixPath(cfg.watch.textfile_dir) / f"ddtree_{cfg.host.name}.prom"
         host.write_atomic(target, text, mode=0o644, sudo=True)
-    emit("watch.metrics", failed=failed, counters=state["watch"]["counters"])
+    emit("watch.metrics", failed=failed, counters=watch["counters"])
     return text
 
 
-def metrics_text(cfg: DeployConfig, host: ShellHost, drift_parts: int) -> str:
+def metrics_text(cfg: DeployConfig, generations: GenerationStore, drift_parts: int) -> str:
     """The host's metrics as its state holds them, with the drift just measured."""
-    state = GenerationStore(host, PurePosixPath(cfg.host.state_dir)).state()
-    return exposition(cfg.host.name, families(state, drift=drift_parts))
+    return exposition(cfg.host.name, families(generations.store.load(), drift=drift_parts))

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.service.render import RenderedService
 
 _EXPOSURE = re.compile(r"Overall exposure level for \S+: (?P<score>\d+(\.\d+)?) (?P<word>\w+)")
@@ -28,7 +28,7 @@ _TIMEOUT_S = 60
 class UnitLintFailed(DeployError):
     """A rendered unit failed `systemd-analyze verify` or exceeds the exposure threshold."""
 
-    exit_code = 6
+    exit_code = ExitCode.DRIFTED_FILE
 
 
 @dataclass(frozen=True)

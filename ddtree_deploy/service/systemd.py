@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.hosts.connection import ShellHost
 
 _PROPERTIES = (
@@ -32,7 +32,7 @@ _POLL_S = 0.5
 class UnitFailedToStart(DeployError):
     """The SGLang unit did not reach a stable running state after a (re)start."""
 
-    exit_code = 7
+    exit_code = ExitCode.BUILD_OR_START
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, ExitCode
 
 
 class ValidationError(DeployError):
     """A validation gate failed or could not run; the deployment was not promoted."""
 
-    exit_code = 10
+    exit_code = ExitCode.VALIDATION_FAILED
 
 
 class ServiceUnreachable(ValidationError):

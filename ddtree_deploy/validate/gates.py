@@ -33,11 +33,17 @@ class Outcome(StrEnum):
 
 
 class Decision(StrEnum):
-    """What the run does with the new generation after its gates."""
+    """How a run that judged the host ended: what it did with the new generation after its
+    gates (the first three, also what `decide` returns), or why it made none."""
 
     promote = "promote"
     rollback = "rollback"
     pause = "pause"
+    unchanged = "unchanged"  # the host already ran the config: no gates, no generation
+    staging = "staging"  # a host without a managed service: nothing ran to judge
+    failed = "failed"  # a gate failed and nothing was rolled back, or the rollback failed
+    passed = "passed"  # action=validate or revalidate: every gate passed, nothing changed
+    no_winner = "no_winner"  # action=tune: no candidate passed; linear DFlash serves
 
 
 @dataclass(frozen=True)

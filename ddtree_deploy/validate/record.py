@@ -35,7 +35,7 @@ class ValidationRecord:
     started: float = field(default_factory=time.time)
     phases: list[PhaseRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    decision: str = ""  # a Decision value, "unchanged" or "failed"
+    decision: Decision | None = None  # None until the run decides
     sentence: str = ""
     rolled_back_to: int | None = None
     finished: float | None = None
@@ -52,8 +52,8 @@ class ValidationRecord:
         summary = measurement.summary() if measurement is not None else None
         self.phases.append(PhaseRecord(name, algo, generation, tuple(gates), summary))
 
-    def decide(self, decision: Decision | str, sentence: str) -> None:
-        self.decision = decision.value if isinstance(decision, Decision) else decision
+    def decide(self, decision: Decision, sentence: str) -> None:
+        self.decision = decision
         self.sentence = sentence
         self.finished = time.time()
 
@@ -63,7 +63,7 @@ class ValidationRecord:
             "target": self.target,
             "started": round(self.started, 3),
             "finished": round(self.finished, 3) if self.finished else None,
-            "decision": self.decision,
+            "decision": self.decision.value if self.decision else "",
             "sentence": self.sentence,
             "rolled_back_to": self.rolled_back_to,
             "notes": self.notes,

@@ -30,7 +30,7 @@ from validate.conftest import StandinLab, boot_standin_lab, key_file
 from ddtree_deploy.cli import main
 from ddtree_deploy.hosts.lock import host_lock
 from ddtree_deploy.report import console
-from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.generations import GenerationStore, HostState
 from ddtree_deploy.rollout.killpoints import KILL_AT_ENV
 from ddtree_deploy.service import systemd
 
@@ -118,7 +118,7 @@ def fleet_args(
     return [*shared, searchpath, "fleet=lab", "algo=dflash"]
 
 
-def state(lab: StandinLab) -> dict[str, Any]:
+def state(lab: StandinLab) -> HostState:
     with lab.connect() as host:
         return GenerationStore(host, STATE_DIR).state()
 
@@ -156,9 +156,9 @@ def test_killed_after_its_canary_the_same_command_deploys_the_batch_in_parallel(
         timeout=600,
     )
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
-    assert state(labs["lab1"])["algo"] == "DFLASH"  # the canary passed, then the kill
-    assert state(labs["lab2"])["generation"] is None
-    assert state(labs["lab3"])["generation"] is None
+    assert state(labs["lab1"]).algo == "DFLASH"  # the canary passed, then the kill
+    assert state(labs["lab2"]).generation is None
+    assert state(labs["lab3"]).generation is None
 
     assert main(args) == 0
     recap = last_recap(runs)
@@ -173,7 +173,7 @@ def test_killed_after_its_canary_the_same_command_deploys_the_batch_in_parallel(
     for name in ("lab2", "lab3"):
         assert "deploy.committed" in [e["event"] for e in fleet_events(latest / name)]
     for lab in labs.values():
-        assert state(lab)["algo"] == "DFLASH"
+        assert state(lab).algo == "DFLASH"
         assert main_pid(lab) > 0
 
 
@@ -213,7 +213,7 @@ LAB2_FAILS = {"lab2": ["service.extra_args=[--device,cpu,--no-such-flag]"]}
 def test_failed_gate_under_halt_finishes_its_batch_and_starts_no_other(
     labs: dict[str, StandinLab], runs: Path
 ) -> None:
-    before = {name: state(lab)["generation"] for name, lab in labs.items()}
+    before = {name: state(lab).generation for name, lab in labs.items()}
     args = fleet_args(labs, runs, per_host=LAB2_FAILS)
     assert main([*args, "+service.environment.FLEET_ROUND=halt", "action=deploy"]) == 10
     recap = last_recap(runs)
@@ -221,9 +221,9 @@ def test_failed_gate_under_halt_finishes_its_batch_and_starts_no_other(
     assert "unit_active" in recap["hosts"][1]["detail"]
     assert "max_failures=0" in recap["halted"]
     after = {name: state(lab) for name, lab in labs.items()}
-    assert after["lab1"]["generation"] != before["lab1"]
-    assert (after["lab2"]["generation"], after["lab2"]["algo"]) == (before["lab2"], "DFLASH")
-    assert after["lab3"]["generation"] == before["lab3"]  # untouched
+    assert after["lab1"].generation != before["lab1"]
+    assert (after["lab2"].generation, after["lab2"].algo) == (before["lab2"], "DFLASH")
+    assert after["lab3"].generation == before["lab3"]  # untouched
     assert main_pid(labs["lab2"]) > 0  # linear DFlash serves again
 
 
@@ -235,13 +235,13 @@ def test_failed_gate_under_rollback_all_returns_changed_hosts_to_where_they_were
     generation, as a new generation (docs/fleet.md), not to "no generation"."""
     setup = fleet_args(labs, runs, batch_size=3)
     assert main([*setup, "+service.environment.FLEET_ROUND=before-all", "action=deploy"]) == 0
-    before = {name: state(lab)["generation"] for name, lab in labs.items()}
+    before = {name: state(lab).generation for name, lab in labs.items()}
     assert None not in before.values()
     args = fleet_args(labs, runs, on_failure="rollback_all", per_host=LAB2_FAILS)
     assert main([*args, "+service.environment.FLEET_ROUND=all", "action=deploy"]) == 10
     recap = last_recap(runs)
     assert verdicts(recap) == {"lab1": "rolled back", "lab2": "failed", "lab3": "skipped"}
-    assert {name: state(lab)["generation"] for name, lab in labs.items()} == before
+    assert {name: state(lab).generation for name, lab in labs.items()} == before
     for lab in labs.values():
         assert main_pid(lab) > 0
 
@@ -300,7 +300,8 @@ def test_status_columns_show_each_hosts_last_validation_acceptance_and_drift(
         if (cells := [c.strip() for c in line.split("│")[1:-1]]) and cells[0] in NAMES
     }
     for name, lab in labs.items():
-        watch = state(lab)["watch"]
+        with lab.connect() as host:  # the watch's section of state.json
+            watch = GenerationStore(host, STATE_DIR).store.load()["watch"]
         verdict, accept, drift = rows[name][6:9]
         assert verdict.startswith("passed " if watch["last"]["passed"] else "failed "), name
         assert accept == f"{watch['figures']['acceptance_length']:.2f}", name

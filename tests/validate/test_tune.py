@@ -46,7 +46,7 @@ def last_report(runs: Path) -> dict[str, Any]:
 
 def host_state(lab: StandinLab) -> dict[str, Any]:
     with lab.connect() as host:
-        return GenerationStore(host, PurePosixPath(STATE)).state()
+        return GenerationStore(host, PurePosixPath(STATE)).store.load()
 
 
 def summaries(lab: StandinLab, numbers: list[int]) -> list[str]:

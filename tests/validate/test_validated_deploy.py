@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+from state_reads import counting_state_reads
 
 from ddtree_deploy.cli import main
 from ddtree_deploy.hosts.lock import LOCK_NAME
@@ -30,8 +31,16 @@ from validate.conftest import StandinLab, key_file
 pytestmark = pytest.mark.nspawn
 
 
+# Issue 46: a deploy reads the host's state.json at most twice, however many phases, generations
+# and rollbacks it goes through (it keeps the copy its own writes update).
+MAX_STATE_READS = 2
+
+
 def deploy(lab: StandinLab, name: str, tmp: Path, port: int, *extra: str) -> int:
-    return main([*lab.overrides(name, tmp, key_file(tmp), port), "action=deploy", *extra])
+    with counting_state_reads(f"/var/lib/ddtree-test/{name}") as reads:
+        code = main([*lab.overrides(name, tmp, key_file(tmp), port), "action=deploy", *extra])
+    assert reads["state.json"] <= MAX_STATE_READS, reads
+    return code
 
 
 def last_report(runs: Path) -> dict[str, Any]:
@@ -42,7 +51,7 @@ def last_report(runs: Path) -> dict[str, Any]:
 
 def host_state(lab: StandinLab, name: str) -> dict[str, Any]:
     with lab.connect() as host:
-        return GenerationStore(host, PurePosixPath(f"/var/lib/ddtree-test/{name}")).state()
+        return GenerationStore(host, PurePosixPath(f"/var/lib/ddtree-test/{name}")).store.load()
 
 
 def unit_running(lab: StandinLab, name: str) -> bool:

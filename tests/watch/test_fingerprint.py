@@ -7,7 +7,7 @@ and drafter folders are the test's own, so the test can change them.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -15,9 +15,12 @@ from staging import require_staging_venv
 
 from ddtree_deploy.cli import main
 from ddtree_deploy.config import compose_config
+from ddtree_deploy.config.schema import DeployConfig
+from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.patching.manifest import select_patch_set
+from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.watch_record import record_validated
 from ddtree_deploy.watch.fingerprint import drift
@@ -32,6 +35,10 @@ def test_drift_names_each_changed_part_with_hashes_shortened() -> None:
         "x changed since the last passed validation: absent -> 1",
     ]
     assert drift(before, dict(before)) == []
+
+
+def _generations(cfg: DeployConfig, host: ShellHost) -> GenerationStore:
+    return GenerationStore(host, PurePosixPath(cfg.host.state_dir))
 
 
 def _overrides(tmp_path: Path, venv: Path) -> list[str]:
@@ -55,7 +62,7 @@ def test_status_shows_no_drift_until_a_fingerprinted_part_changes(
     cfg = compose_config(overrides)
     with LocalHost() as host:
         facts = probe_facts(host, sglang_python(cfg))
-        recorded = record_validated(cfg, host, facts)
+        recorded = record_validated(cfg, host, facts, _generations(cfg, host))
     sglang_files = {
         f"SGLang file {f.path}" for p in select_patch_set("0.5.11").patches for f in p.files
     }
@@ -105,7 +112,7 @@ def test_status_reports_a_fingerprint_it_cannot_read_again_as_drift(tmp_path: Pa
     overrides = _overrides(tmp_path, venv)
     cfg = compose_config(overrides)
     with LocalHost() as host:
-        record_validated(cfg, host, probe_facts(host, sglang_python(cfg)))
+        record_validated(cfg, host, probe_facts(host, sglang_python(cfg)), _generations(cfg, host))
     gone = [*overrides, f"host.sglang_venv={tmp_path / 'removed-venv'}", "action=status"]
     assert main(gone) == 1
     assert [line.split(":")[0] for line in _status_event(tmp_path)["drift"]] == [

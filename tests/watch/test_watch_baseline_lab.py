@@ -62,7 +62,7 @@ def test_a_baseline_older_than_its_max_age_is_measured_again_before_speed_is_jud
     assert main([*overrides, "action=deploy", "algo=dflash"]) == 0
     assert main([*overrides, "action=deploy", "algo=ddtree"]) == 0
     with standin_lab.connect() as host:
-        generation = GenerationStore(host, STATE).state()["generation"]
+        generation = GenerationStore(host, STATE).state().generation
         deployed = _baseline_time(host)
         pid = systemd.unit_state(host, f"{NAME}.service").main_pid
 
@@ -74,7 +74,7 @@ def test_a_baseline_older_than_its_max_age_is_measured_again_before_speed_is_jud
     assert baseline["gates"][0]["figures"]["measured_at"] == deployed
     assert not [e for e in events if e["event"] == "watch.full"]
     with standin_lab.connect() as host:
-        assert GenerationStore(host, STATE).state()["generation"] == generation
+        assert GenerationStore(host, STATE).state().generation == generation
         assert systemd.unit_state(host, f"{NAME}.service").main_pid == pid  # not restarted
         # A baseline stored before its time was kept: its generation's creation stands in.
         path, data = _baseline(host)
@@ -97,7 +97,7 @@ def test_a_baseline_older_than_its_max_age_is_measured_again_before_speed_is_jud
     assert report["phases"][0]["algo"] != "linear DFlash (stored)"  # measured, not reused
     with standin_lab.connect() as host:
         state = GenerationStore(host, STATE).state()
-        assert (state["algo"], state["generation"]) == ("DDTREE", generation + 2)
+        assert (state.algo, state.generation) == ("DDTREE", generation + 2)
         measured = _baseline_time(host)
         assert measured > deployed
         text = host.read_text(STATE / "metrics.prom", sudo=True) or ""

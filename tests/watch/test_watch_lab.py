@@ -67,7 +67,7 @@ def _deploy(lab: StandinLab, name: str, tmp: Path, port: int, *extra: str) -> in
 
 
 def _state(host: SshHost, name: str) -> dict[str, Any]:
-    return GenerationStore(host, PurePosixPath(f"/var/lib/ddtree-test/{name}")).state()
+    return GenerationStore(host, PurePosixPath(f"/var/lib/ddtree-test/{name}")).store.load()
 
 
 def _counters(host: SshHost, name: str) -> dict[str, int]:
