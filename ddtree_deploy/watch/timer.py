@@ -62,6 +62,9 @@ def host_side_config(cfg: DeployConfig) -> DeployConfig:
     )
 
 
+FULL_REVALIDATION_RESTARTS = 3  # rollout/revalidate.py's full run: linear, shadow-linear, tree
+
+
 def render_watch(cfg: DeployConfig) -> WatchFiles:
     """The timer's files for `cfg` (pure: the same config gives the same bytes)."""
     name = watch_name(cfg)
@@ -74,8 +77,9 @@ def render_watch(cfg: DeployConfig) -> WatchFiles:
         "watch_name": unit_value(name),
         "env_path": path_value(str(env_path)),
         "exec_start": exec_command(words),
-        # A full re-validation restarts the service twice and loads the model each time.
-        "timeout_s": 2 * cfg.service.start_timeout_s + 1800,
+        # A full re-validation restarts the service three times (back to linear DFlash,
+        # shadow-linear, tree) and loads the model each time; the gates' own time on top.
+        "timeout_s": FULL_REVALIDATION_RESTARTS * cfg.service.start_timeout_s + 1800,
         "interval": unit_value(cfg.watch.interval),
         "accuracy": unit_value(cfg.watch.accuracy),
     }

@@ -88,3 +88,16 @@ def test_a_watch_command_the_timer_cannot_run_is_refused_in_one_sentence(
     # Off, it is never run, so never judged.
     assert main(["watch.command=x", "watch.enabled=false", f"rollout.runs_dir={tmp_path}",
                  "action=render"]) != 2  # fmt: skip
+
+
+def test_the_timer_service_waits_out_a_full_revalidations_three_restarts() -> None:
+    """It allowed two model loads while a full re-validation makes three (linear DFlash,
+    shadow-linear, tree): slow starts ate the half hour kept for the gates, and systemd could
+    kill a passing run."""
+    cfg = compose_config(["host=ct200", "service.start_timeout_s=900"])
+    timeout = next(
+        line
+        for line in render_watch(cfg).service_text.splitlines()
+        if line.startswith("TimeoutStartSec=")
+    )
+    assert int(timeout.removeprefix("TimeoutStartSec=")) >= 3 * 900 + 1800  # + the gates' time
