@@ -37,7 +37,7 @@ from ddtree_deploy.rollout.validation_flow import (
     deploy_validated,
     validate_running,
 )
-from ddtree_deploy.rollout.watch_install import install_watch
+from ddtree_deploy.rollout.watch_install import install_watch, refresh_watch
 from ddtree_deploy.rollout.watch_record import metrics_text, note_validation, record_validated
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
@@ -164,6 +164,10 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
             record_validated(cfg, host, outcome.preflight.facts, generations)
             note_validation(cfg, host, record, generations, failed=False)
             watched = install_watch(cfg, host)
+            if watched is not None:
+                record.notes.append(watched)
+        elif record.decision is Decision.unchanged:
+            watched = refresh_watch(cfg, host)
             if watched is not None:
                 record.notes.append(watched)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]

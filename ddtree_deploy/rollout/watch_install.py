@@ -1,4 +1,6 @@
-"""Install the re-validation timer beside the unit once a deploy has promoted a generation.
+"""Install the re-validation timer beside the unit once a deploy has promoted a generation, and
+refresh it when a deploy finds the host already at its config but the timer's files differ (only
+`watch.*` changed: the config hash leaves the watch out, so nothing else restarts).
 
 Only where the service is managed (`host.systemd=true`), the watch is on (`watch.enabled`) and
 ddtree-deploy is installed on the host at `watch.command` (the timer runs there, see
@@ -40,3 +42,16 @@ def install_watch(cfg: DeployConfig, host: ShellHost) -> str | None:
         f"Re-validation timer {files.timer} runs every {cfg.watch.interval} "
         f"(watch.policy={cfg.watch.policy.value})."
     )
+
+
+def refresh_watch(cfg: DeployConfig, host: ShellHost) -> str | None:
+    """On a deploy that changed nothing: `install_watch` where the host's timer files are not
+    what `cfg` renders (a changed interval, policy or sample), else None without touching it."""
+    if not cfg.host.systemd or not cfg.watch.enabled:
+        return None
+    files = render_watch(cfg)
+    rendered = ((files.config_path, files.config_text), (files.service_path, files.service_text),
+                (files.timer_path, files.timer_text))  # fmt: skip
+    if all(host.read_text(path, sudo=True) == text for path, text in rendered):
+        return None
+    return install_watch(cfg, host)

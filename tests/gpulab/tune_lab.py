@@ -30,7 +30,7 @@ from ddtree_deploy.rollout.tune import (
     pick_winner,
     tune_table,
 )
-from ddtree_deploy.validate.gates import GateResult, Outcome
+from ddtree_deploy.validate.gates import Decision, GateResult, Outcome
 from ddtree_deploy.validate.record import ValidationRecord
 
 
@@ -69,9 +69,9 @@ def report(cfg: DeployConfig, sweep: list[dict[str, Any]], out: Path) -> str:
     record = ValidationRecord(cfg.host.name, f"tune (GPU lab): DDTREE tree, {grid_text}")
     record.tune = tune_table(cfg, results, winner)
     if winner is None:
-        record.decide("failed", "No candidate passed every gate at every concurrency.")
+        record.decide(Decision.no_winner, "No candidate passed every gate at every concurrency.")
     else:
-        record.decide("promoted", f"Promoted {winner.candidate.label} ({winner.sentence}).")
+        record.decide(Decision.promote, f"Promoted {winner.candidate.label} ({winner.sentence}).")
     out.mkdir(parents=True, exist_ok=True)
     _, markdown = write_run_report(out, record.to_dict())
     return markdown.read_text()
