@@ -118,14 +118,19 @@ def _watch_run(host: SshHost, name: str) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def rollback_unit(watch_lab: StandinLab, tmp_path_factory: pytest.TempPathFactory) -> str:
+def rollback_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`watch-rollback`'s deploy folder: a deploy of the same config must name the same paths."""
+    return tmp_path_factory.mktemp("watch-rollback")
+
+
+@pytest.fixture(scope="module")
+def rollback_unit(watch_lab: StandinLab, rollback_tmp: Path) -> str:
     """`watch-rollback`: linear DFlash, then DDTREE with a 4 s timer under watch.policy=rollback.
 
     The watch-only deploy test (first in the file) moves its interval to 5 s; the timer test
     (next) leaves it rolled back to linear DFlash with the timer
     stopped; the lock test runs on whatever it serves, its timer stopped."""
-    name = "watch-rollback"
-    tmp = tmp_path_factory.mktemp(name)
+    name, tmp = "watch-rollback", rollback_tmp
     assert _deploy(watch_lab, name, tmp, 31301, "algo=dflash") == 0
     extra = ["watch.interval=4s", "watch.policy=rollback"]
     assert _deploy(watch_lab, name, tmp, 31301, "algo=ddtree", *extra) == 0
@@ -133,7 +138,7 @@ def rollback_unit(watch_lab: StandinLab, tmp_path_factory: pytest.TempPathFactor
 
 
 def test_a_deploy_that_changes_only_the_watch_rerenders_its_timer_and_restarts_nothing(
-    watch_lab: StandinLab, rollback_unit: str, tmp_path: Path
+    watch_lab: StandinLab, rollback_unit: str, rollback_tmp: Path
 ) -> None:
     """The config hash leaves `watch.*` out, so such a deploy finds the host already at its
     config; it used to leave the old timer, interval and policy in place."""
@@ -141,7 +146,7 @@ def test_a_deploy_that_changes_only_the_watch_rerenders_its_timer_and_restarts_n
     with watch_lab.connect() as host:
         pid = systemd.unit_state(host, f"{name}.service").main_pid
     extra = ["algo=ddtree", "watch.interval=5s", "watch.policy=rollback"]
-    assert _deploy(watch_lab, name, tmp_path, 31301, *extra) == 0
+    assert _deploy(watch_lab, name, rollback_tmp, 31301, *extra) == 0
     with watch_lab.connect() as host:
         timer = host.run(["systemctl", "cat", "--", f"ddtree-watch-{name}.timer"]).stdout
         assert "OnUnitActiveSec=5s" in timer
