@@ -3,6 +3,7 @@ the prompts' lengths and the configs of each model size."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -618,9 +619,13 @@ def test_no_batch_1_without_another_level_is_refused_in_one_sentence(
     [(["--overhead", "2", "--targets", "attention,hybrid"],
       "error: --overhead compares servers on one target"),
      (["--tune", "--targets", "hybrid"], "error: --tune sweeps the attention target only"),
-     (["--targets", "hybird"], "error: --targets names hybird: the lab's targets are")],
+     (["--targets", "hybird"], "error: --targets names hybird: the lab's targets are"),
+     (["--tune-budgets", "15,31"], "error: --tune-budgets is an option of the tune sweep: add --tune"),
+     (["--tune", "--tune-concurrency", "1,eight"],
+      "error: --tune-concurrency '1,eight' is not a list of positive integers"),
+     (["--tune", "--tune-topks", "0"], "error: --tune-topks '0' is not a list of positive integers")],
 )  # fmt: skip
-def test_targets_the_run_cannot_serve_are_refused_in_one_sentence(
+def test_targets_and_tune_grids_the_run_cannot_serve_are_refused_in_one_sentence(
     argv: list[str],
     sentence: str,
     tmp_path: Path,
@@ -662,31 +667,37 @@ def test_the_tune_grid_flags_become_the_products_own_grid(tmp_path: Path) -> Non
                                   "concurrency": [1, 32]}  # fmt: skip
 
 
-def test_an_inflated_sizes_tune_wave_fits_beside_the_others() -> None:
-    """Six 8B servers at once (the tiny sizes' wave) would not fit the H100 run 21 had."""
-    assert SIZES["trained-8b"].tune_wave == 3
-    assert SIZES["trained-27b"].tune_wave == 2
-    assert SIZES["trained"].tune_wave == 6
-
-
-@pytest.mark.parametrize(
-    ("argv", "sentence"),
-    [(["--tune-budgets", "15,31"], "error: --tune-budgets is an option of the tune sweep: add --tune"),
-     (["--tune", "--tune-concurrency", "1,eight"],
-      "error: --tune-concurrency '1,eight' is not a list of positive integers"),
-     (["--tune", "--tune-topks", "0"], "error: --tune-topks '0' is not a list of positive integers")],
-)  # fmt: skip
-def test_tune_grid_flags_out_of_place_are_refused_in_one_sentence(
-    argv: list[str],
-    sentence: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(("size", "wave"), [("trained", 6), ("trained-8b", 3), ("trained-27b", 2)])
+def test_the_tune_sweep_serves_at_most_its_sizes_wave_at_once(
+    size: str, wave: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(out), *argv])
-    with pytest.raises(SystemExit) as exited:
-        run.main()
-    assert exited.value.code == 2
-    assert sentence in capsys.readouterr().err
-    assert not out.exists()
+    """Seven candidates: the tiny sizes serve six at once, an inflated size as many as fit the
+    GPU beside each other (three 8B servers on run 22's H100, two 27B on the H200)."""
+    grid = {"candidates": [[b, 4] for b in (4, 8, 15, 16, 31, 32, 63)], "concurrency": [1]}
+    monkeypatch.setattr(run, "_run", lambda argv, **_: json.dumps(grid) if "grid" in argv else "")
+
+    class _Counting(_Lab):
+        """Counts the servers up at once."""
+
+        def __init__(self, root: Path) -> None:
+            super().__init__(root, size="trained")
+            self.up: set[str] = set()
+            self.most = 0
+
+        def start(
+            self, label: str, overrides: list[str], environment: dict[str, str] | None = None
+        ) -> Server:
+            self.up.add(label)
+            self.most = max(self.most, len(self.up))
+            return super().start(label, overrides, environment)
+
+        def stop(self, *servers: Server) -> None:
+            self.up -= {s.label for s in servers}
+
+    lab = _Counting(tmp_path)
+    lab.out.mkdir()
+    lab.size_name, lab.size = size, run.SIZES[size]
+    sweep: list[dict[str, object]] = []
+    run.run_tune(lab, [], sweep, lambda: None)
+    assert len(sweep) == 7
+    assert lab.most == wave
