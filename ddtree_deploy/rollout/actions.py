@@ -160,16 +160,15 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
         generations = _generations(cfg, host)
         with _noted_on_failure(cfg, host, generations):
             outcome = deploy_validated(cfg, host, record, generations)
+        watched = None
         if record.decision is Decision.promote:
             record_validated(cfg, host, outcome.preflight.facts, generations)
             note_validation(cfg, host, record, generations, failed=False)
             watched = install_watch(cfg, host)
-            if watched is not None:
-                record.notes.append(watched)
         elif record.decision is Decision.unchanged:
             watched = refresh_watch(cfg, host)
-            if watched is not None:
-                record.notes.append(watched)
+        if watched is not None:
+            record.notes.append(watched)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     where = f"generation {outcome.generation}" if outcome.generation else "no generation"
     return ActionOutcome(
