@@ -323,9 +323,9 @@ def _flag_owner(cfg: DeployConfig, flag: str) -> str | None:
     flag of 0.5.11 to 0.5.23 is a strict prefix of one of these, so a prefix can only be one)."""
     if not flag.startswith("--") or flag == "--":
         return None
+    hybrid = cfg.sglang.hybrid_speculative_args if cfg.model.hybrid else []  # as render writes
     written = {**TOOL_FLAGS, **dict.fromkeys(
-        (a for a in cfg.sglang.hybrid_speculative_args if a.startswith("--")),
-        "sglang.hybrid_speculative_args")}  # fmt: skip
+        (a for a in hybrid if a.startswith("--")), "sglang.hybrid_speculative_args")}  # fmt: skip
     if flag in written:
         return written[flag]
     owners = {owner for name, owner in written.items() if name.startswith(flag)}

@@ -91,3 +91,10 @@ def test_flags_the_tool_does_not_write_pass() -> None:
         "--enable-metrics",
     ]
     assert all(flag.startswith("--") for flag in TOOL_FLAGS)
+
+
+def test_a_releases_hybrid_flags_are_free_on_a_dense_target() -> None:
+    """render writes sglang.hybrid_speculative_args only for a hybrid target; a dense one's
+    operator may pass `--disable-radix-cache` themselves."""
+    cfg = compose_config(["service.extra_args=[--disable-radix-cache]"])
+    assert cfg.service.extra_args == ["--disable-radix-cache"]
