@@ -123,6 +123,12 @@ def state(lab: StandinLab) -> HostState:
         return GenerationStore(host, STATE_DIR).state()
 
 
+def watch_section(lab: StandinLab) -> dict[str, Any]:
+    """The watch's own section of `state.json` (HostState holds the generations' fields only)."""
+    with lab.connect() as host:
+        return GenerationStore(host, STATE_DIR).store.load().get("watch") or {}
+
+
 def main_pid(lab: StandinLab) -> int:
     with lab.connect() as host:
         unit = systemd.unit_state(host, f"{UNIT}.service")
@@ -278,7 +284,7 @@ def test_status_columns_show_each_hosts_last_validation_acceptance_and_drift(
     """The watch's columns (docs/watch.md, "The fleet view") read each host's own state: a
     drafter config changed on lab3 since its last passed validation shows there alone."""
     for name in ("lab1", "lab2", "lab3"):  # each validated at least once (run alone too)
-        if not (state(labs[name]).get("watch") or {}).get("last"):
+        if not watch_section(labs[name]).get("last"):
             assert main([*fleet_args(labs, runs, batch_size=3), "action=deploy"]) == 0
             break
     config = PurePosixPath(MODEL_DIR) / "draft" / "config.json"
@@ -300,8 +306,7 @@ def test_status_columns_show_each_hosts_last_validation_acceptance_and_drift(
         if (cells := [c.strip() for c in line.split("│")[1:-1]]) and cells[0] in NAMES
     }
     for name, lab in labs.items():
-        with lab.connect() as host:  # the watch's section of state.json
-            watch = GenerationStore(host, STATE_DIR).store.load()["watch"]
+        watch = watch_section(lab)
         verdict, accept, drift = rows[name][6:9]
         assert verdict.startswith("passed " if watch["last"]["passed"] else "failed "), name
         assert accept == f"{watch['figures']['acceptance_length']:.2f}", name

@@ -222,12 +222,12 @@ def test_port_whole_set_fails_naming_hunks_and_lines(whole_port: PortReport) -> 
     assert set(failed) == {
         ("0002", "server_args.py", 1),
         ("0002", "server_args.py", 5),
-        ("0004", "dflash_utils.py", 1),
+        ("0004", "dflash_utils.py", 2),
     }  # since 0.5.11 is on ddtree_kernels.sglang (docs/ddtree-module.md): its verify hook is a
     # small hunk that lands on 0.5.12 (the fat set moved DFlash's whole accept into a method, a
     # hunk 0.5.12's rewrite failed); dflash_info.py's first hunk is the loader's import, beside
     # context 0.5.12 kept (the proxy's import sat among the renamed accept helpers); the end
-    # of dflash_utils.py still fails
+    # of dflash_utils.py (its hunk #2, the Verifier/Step hook block) still fails
     assert failed[("0002", "server_args.py", 1)] == (
         "context line 'speculative_dflash_draft_window_size: Optional[int] = None' is not in "
         "the file"
@@ -251,7 +251,7 @@ def test_port_cli_failure_writes_reports_and_no_candidate(
     )
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     assert code == 5
-    assert "3 of 29 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
+    assert "3 of 30 hunks of patch set 0.5.11 do not apply to SGLang 0.5.12" in out
     assert "newest reviewed set whose release is not newer than 0.5.12" in out
     (run_dir,) = runs.iterdir()
     names = sorted(p.name for p in run_dir.iterdir())

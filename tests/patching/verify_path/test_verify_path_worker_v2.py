@@ -106,9 +106,26 @@ def test_worker_hunks_enter_scopes_as_the_release_does(
     0.5.21's context takes the draft runner's TP group (through the worker's own
     `self.draft_tp_context(group, owns_attention=...)`); on a GPU the flag would become the group.
     Every scope the patched worker enters is entered as the pristine worker enters it, or is one
-    the patches add (the draft runner's spec-bag scope, dflash_utils' `ddtree_draft_spec_scope`)."""
+    the patches add (the draft runner's spec-bag scope, dflash_utils' `ddtree_draft_spec_scope`,
+    called directly or through a worker method that only returns it, as 0.5.17's and 0.5.18's)."""
     added = _scope_calls(patched_root / WORKER) - _scope_calls(pristine_root(release) / WORKER)
-    assert {callee for callee, _, _ in added} <= {"ddtree_draft_spec_scope"}, added
+    spec_scope = {"ddtree_draft_spec_scope"} | {
+        f"self.{name}" for name in _methods_returning(patched_root / WORKER, "ddtree_draft_spec_scope")
+    }
+    assert {callee for callee, _, _ in added} <= spec_scope, added
+
+
+def _methods_returning(path: Path, callee: str) -> set[str]:
+    """The functions in `path` whose last statement returns a call to `callee` (a scope the
+    patches wrap in a method)."""
+    return {
+        node.name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and isinstance(last := node.body[-1], ast.Return)
+        and isinstance(last.value, ast.Call)
+        and ast.unparse(last.value.func) == callee
+    }
 
 
 def test_patched_copy_is_the_one_imported(check: Callable[[str], dict]) -> None:
