@@ -110,7 +110,8 @@ def test_worker_hunks_enter_scopes_as_the_release_does(
     called directly or through a worker method that only returns it, as 0.5.17's and 0.5.18's)."""
     added = _scope_calls(patched_root / WORKER) - _scope_calls(pristine_root(release) / WORKER)
     spec_scope = {"ddtree_draft_spec_scope"} | {
-        f"self.{name}" for name in _methods_returning(patched_root / WORKER, "ddtree_draft_spec_scope")
+        f"self.{name}"
+        for name in _methods_returning(patched_root / WORKER, "ddtree_draft_spec_scope")
     }
     assert {callee for callee, _, _ in added} <= spec_scope, added
 
