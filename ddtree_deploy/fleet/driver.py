@@ -97,9 +97,9 @@ class ActionDriver:
             return self._failed(cfg, run.error, run.record)
         outcome = run.outcome
         assert outcome is not None, "an action returns its outcome or raises"
-        state = outcome.serving or HostState()
-        if outcome.serving is None and cfg.action in _SERVING:  # validate, tune: ask the host
-            state = _state(cfg)
+        state = outcome.serving
+        if state is None:  # validate, tune: ask the host; a read-only action: nothing to show
+            state = _state(cfg) if cfg.action in _SERVING else HostState()
         tokens, speedup = figures(outcome.record)
         verdict = Verdict.changed if outcome.changed else Verdict.ok
         if outcome.exit_code:
