@@ -40,7 +40,7 @@ from ddtree_deploy.rollout.validation_flow import (
 from ddtree_deploy.rollout.watch_install import install_watch, refresh_watch
 from ddtree_deploy.rollout.watch_record import metrics_text, note_validation, record_validated
 from ddtree_deploy.service.lint import LintReport, lint_unit
-from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
+from ddtree_deploy.service.render import RenderedService, render_service
 from ddtree_deploy.service.secret import load_api_key
 from ddtree_deploy.steps import check_steps
 from ddtree_deploy.validate.gates import Decision
@@ -155,7 +155,7 @@ def render_action(cfg: DeployConfig) -> ActionOutcome:
 
 def deploy_action(cfg: DeployConfig) -> ActionOutcome:
     """Run the deploy pipeline on the configured host, through the validation gates."""
-    record = ValidationRecord(cfg.host.name, algo_summary(cfg))
+    record = ValidationRecord(cfg.host.name, cfg.algo.summary)
     with connect(cfg.host) as host, _locked(cfg, host):
         generations = _generations(cfg, host)
         with _noted_on_failure(cfg, host, generations):
@@ -178,7 +178,7 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
         summary=f"{cfg.host.name}: {outcome.changed} step(s) changed; {where} is current.",
         validation=record,
         generation=outcome.generation,
-        serving=algo_summary(cfg),
+        serving=cfg.algo.summary,
     )
 
 
@@ -190,7 +190,7 @@ def validate_action(cfg: DeployConfig) -> ActionOutcome:
             f"action=validate judges a running SGLang server, and {cfg.host.name} is a staging "
             "host where none runs; point it at a host that serves (host.staging=false)."
         )
-    record = ValidationRecord(cfg.host.name, algo_summary(cfg))
+    record = ValidationRecord(cfg.host.name, cfg.algo.summary)
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
         generations = _generations(cfg, host)
@@ -260,7 +260,7 @@ def revalidate_action(cfg: DeployConfig) -> ActionOutcome:
             f"action=revalidate watches a service this tool manages, and {cfg.host.name} has "
             "none (host.systemd=false); use action=validate there."
         )
-    record = ValidationRecord(cfg.host.name, f"re-validation: {algo_summary(cfg)}")
+    record = ValidationRecord(cfg.host.name, f"re-validation: {cfg.algo.summary}")
     changed: list[str] = []
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
