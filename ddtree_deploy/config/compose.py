@@ -33,7 +33,7 @@ from omegaconf.errors import (
 from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy.config.rules import check_config
-from ddtree_deploy.config.schema import DeployConfig, register_configs
+from ddtree_deploy.config.schema import ACTIONS, DeployConfig, register_configs
 from ddtree_deploy.errors import ConfigError
 
 CONFIG_MODULE = "ddtree_deploy.conf"
@@ -171,12 +171,20 @@ def _parse_overrides(overrides: Sequence[str]) -> list[Override]:
         try:
             parsed += parser.parse_overrides([override])
         except OverrideParseException as err:
+            if "=" not in override and not override.startswith("~"):
+                raise ConfigError(_not_an_override(override)) from err
             raise ConfigError(
                 f"Cannot read the override {override!r}: a value holding ';', spaces, quotes, "
                 "brackets or non-ASCII characters must be quoted for Hydra, as in "
                 "\"model.name='my model'\" (single quotes inside the shell's double quotes)."
             ) from err
     return parsed
+
+
+def _not_an_override(word: str) -> str:
+    """The sentence for a bare word (`ddtree-deploy deploy`): every argument is key=value."""
+    example = f"action={word}" if word in ACTIONS else "action=deploy or host=ct200"
+    return f"{word!r} is not an override: give each setting as key=value, e.g. {example}."
 
 
 def _check_added_keys(overrides: Sequence[Override]) -> None:

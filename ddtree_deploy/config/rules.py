@@ -84,6 +84,7 @@ def _problems(cfg: DeployConfig) -> list[str]:
         *_abi_problems(cfg),
         *_gpu_problems(cfg),
         *_host_problems(cfg),
+        *_runs_dir_problems(cfg),
         *_algo_problems(cfg),
         *_service_problems(cfg),
         *_sglang_problems(cfg),
@@ -165,6 +166,7 @@ def _host_problems(cfg: DeployConfig) -> list[str]:
             "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
         )
     problems += _path_problems("host.sglang_venv", host.sglang_venv)
+    problems += _path_problems("host.state_dir", host.state_dir)
     if unsafe := ", ".join(map(repr, sorted(set(host.sglang_venv) & set(PROGRAM_UNSAFE)))):
         problems.append(
             f"host.sglang_venv={_shown(host.sglang_venv)} holds {unsafe}, which "
@@ -177,7 +179,12 @@ def _host_problems(cfg: DeployConfig) -> list[str]:
             f"set host.address=<name or IP>."
         )
     bad_ids = [i for i in host.gpu_ids if not 0 <= i < host.gpu_count]
-    if bad_ids:
+    if bad_ids and not host.gpu_count:
+        problems.append(
+            f"host.gpu_ids={list(host.gpu_ids)} names GPUs on a host with host.gpu_count=0; "
+            "give the host's GPU count, or host.gpu_ids=[]."
+        )
+    elif bad_ids:
         problems.append(
             f"host.gpu_ids={list(host.gpu_ids)} names GPUs outside 0..{host.gpu_count - 1} "
             f"(host.gpu_count={host.gpu_count})."
@@ -190,6 +197,14 @@ def _host_problems(cfg: DeployConfig) -> list[str]:
             f"gives ({len(host.gpu_ids)})."
         )
     return problems
+
+
+def _runs_dir_problems(cfg: DeployConfig) -> list[str]:
+    """rollout.runs_dir is on this machine, so a relative folder is fine; an empty one would put
+    every run's folder loose in the working directory."""
+    if cfg.rollout.runs_dir.strip():
+        return []
+    return ["rollout.runs_dir is empty; give the folder the run folders go in (default: runs)."]
 
 
 def _algo_problems(cfg: DeployConfig) -> list[str]:
@@ -276,6 +291,11 @@ def _unit_problems(cfg: DeployConfig) -> list[str]:
         problems.append(
             f"service.unit_name={_shown(svc.unit_name)} is not a systemd unit name: give 1 to "
             "128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit."
+        )
+    elif svc.unit_name.endswith(".service"):
+        problems.append(
+            f"service.unit_name={_shown(svc.unit_name)} ends in .service, which the unit's "
+            f"file name adds; give {_shown(svc.unit_name.removesuffix('.service'))}."
         )
     if not _USER.match(svc.user):
         problems.append(

@@ -55,7 +55,7 @@ from ddtree_deploy.rollout.validation_flow import (
 from ddtree_deploy.rollout.watch_install import install_watch, refresh_watch
 from ddtree_deploy.rollout.watch_record import metrics_text, note_validation, record_validated
 from ddtree_deploy.service.lint import lint_unit
-from ddtree_deploy.service.render import algo_summary, render_service
+from ddtree_deploy.service.render import render_service
 from ddtree_deploy.service.secret import load_api_key
 from ddtree_deploy.steps import check_steps
 from ddtree_deploy.validate.gates import Decision
@@ -121,7 +121,7 @@ def render_action(cfg: DeployConfig) -> RenderOutcome:
 
 def deploy_action(cfg: DeployConfig) -> DeployedOutcome:
     """Run the deploy pipeline on the configured host, through the validation gates."""
-    record = ValidationRecord(cfg.host.name, algo_summary(cfg))
+    record = ValidationRecord(cfg.host.name, cfg.algo.summary)
     with connect(cfg.host) as host, _locked(cfg, host):
         generations = _generations(cfg, host)
         with _noted_on_failure(cfg, host, generations):
@@ -143,7 +143,7 @@ def deploy_action(cfg: DeployConfig) -> DeployedOutcome:
         results=results,
         summary=f"{cfg.host.name}: {outcome.changed} step(s) changed; {where} is current.",
         validation=record,
-        now=HostState(generation=outcome.generation, summary=algo_summary(cfg)),
+        now=HostState(generation=outcome.generation, summary=cfg.algo.summary),
     )
 
 
@@ -155,7 +155,7 @@ def validate_action(cfg: DeployConfig) -> GatedOutcome:
             f"action=validate judges a running SGLang server, and {cfg.host.name} is a staging "
             "host where none runs; point it at a host that serves (host.staging=false)."
         )
-    record = ValidationRecord(cfg.host.name, algo_summary(cfg))
+    record = ValidationRecord(cfg.host.name, cfg.algo.summary)
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
         generations = _generations(cfg, host)
@@ -224,7 +224,7 @@ def revalidate_action(cfg: DeployConfig) -> GatedOutcome:
             f"action=revalidate watches a service this tool manages, and {cfg.host.name} has "
             "none (host.systemd=false); use action=validate there."
         )
-    record = ValidationRecord(cfg.host.name, f"re-validation: {algo_summary(cfg)}")
+    record = ValidationRecord(cfg.host.name, f"re-validation: {cfg.algo.summary}")
     changed: list[str] = []
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)

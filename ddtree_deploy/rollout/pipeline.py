@@ -31,7 +31,7 @@ from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sgla
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service.lint import LintReport, lint_unit
-from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
+from ddtree_deploy.service.render import RenderedService, render_service
 from ddtree_deploy.service.secret import Secret, load_api_key
 from ddtree_deploy.steps import PlanStatus, Step, StepPlan, StepReport, StepResult, check_steps
 
@@ -207,7 +207,7 @@ def deploy(
         "deploy",
         service_files(prepared.rendered),
         algo=cfg.algo.name.value,
-        summary=algo_summary(cfg),
+        summary=cfg.algo.summary,
         config_hash=config_hash(cfg),
     )
     emit("deploy.generation", generation=number)

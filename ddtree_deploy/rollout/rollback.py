@@ -26,7 +26,7 @@ from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service import systemd
-from ddtree_deploy.service.render import algo_summary, render_service
+from ddtree_deploy.service.render import render_service
 from ddtree_deploy.service.secret import load_api_key
 from ddtree_deploy.steps import Step, StepReport
 
@@ -180,7 +180,7 @@ def _target(
         [],
         from_generation,
         Algo.DFLASH.value,
-        algo_summary(linear),
+        linear.algo.summary,
     )
 
 
