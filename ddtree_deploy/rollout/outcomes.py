@@ -53,7 +53,7 @@ class ActionOutcome:
 
     @property
     def record(self) -> ValidationRecord | None:
-        """The gates' record, which the runner writes as the run's report; None: no gate ran."""
+        """The gates' record (a fleet's recap shows its figures); None where no gate ran."""
         return None
 
     @property
