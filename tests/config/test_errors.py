@@ -267,6 +267,16 @@ CASES += [
         id="gpu-ids-without-gpus",
     ),
     pytest.param(
+        ["service.environment={A:b}"],
+        "Config key service.environment.A is not set yet and Hydra adds a key only when asked; give it as +service.environment.A=<value>.",
+        id="dict-key-without-plus",
+    ),
+    pytest.param(
+        ["tune.budgets=4"],
+        "Config key tune.budgets takes a list; give it as tune.budgets=[a,b].",
+        id="list-given-a-word",
+    ),
+    pytest.param(
         ["deploy"],
         "'deploy' is not an override: give each setting as key=value, e.g. action=deploy.",
         id="bare-action-word",
