@@ -12,6 +12,7 @@ from ddtree_deploy.config.schema import (
     FLEET_ACTIONS,
     Algo,
     DeployConfig,
+    Output,
     Transport,
     TreeMode,
     ValidationConfig,
@@ -96,9 +97,21 @@ def _problems(cfg: DeployConfig) -> list[str]:
 
 
 def _action_problems(cfg: DeployConfig) -> list[str]:
-    if cfg.action in ACTIONS:
+    if cfg.action not in ACTIONS:
+        return [f"action={cfg.action!r} is unknown; choose one of: {', '.join(ACTIONS)}."]
+    if cfg.output is not Output.prometheus:
         return []
-    return [f"action={cfg.action!r} is unknown; choose one of: {', '.join(ACTIONS)}."]
+    if cfg.fleet is not None:
+        return [
+            f"output=prometheus prints one host's metrics, not fleet {cfg.fleet.name}'s; name "
+            "one host with host=, or give output=table."
+        ]
+    if cfg.action != "status":
+        return [
+            f"output=prometheus is for action=status alone; give action={cfg.action} "
+            "output=table or output=json."
+        ]
+    return []
 
 
 def _abi_problems(cfg: DeployConfig) -> list[str]:

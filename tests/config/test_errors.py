@@ -277,6 +277,16 @@ CASES += [
         id="list-given-a-word",
     ),
     pytest.param(
+        ["action=plan", "output=prometheus"],
+        "output=prometheus is for action=status alone; give action=plan output=table or output=json.",
+        id="prometheus-beside-plan",
+    ),
+    pytest.param(
+        ["fleet=ct", "action=status", "output=prometheus"],
+        "output=prometheus prints one host's metrics, not fleet ct's; name one host with host=, or give output=table.",
+        id="prometheus-for-a-fleet",
+    ),
+    pytest.param(
         ["deploy"],
         "'deploy' is not an override: give each setting as key=value, e.g. action=deploy.",
         id="bare-action-word",
