@@ -307,6 +307,11 @@ CASES += [
         id="watch-textfile-relative",
     ),
     pytest.param(
+        ["model.name=${nowhere}"],
+        "Config key model.name cannot be resolved (Interpolation key 'nowhere' not found); give a plain value or a ${...} that names a key of the config or a set environment variable.",
+        id="interpolation-unresolved",
+    ),
+    pytest.param(
         ["deploy"],
         "'deploy' is not an override: give each setting as key=value, e.g. action=deploy.",
         id="bare-action-word",
