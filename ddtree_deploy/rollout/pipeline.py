@@ -126,14 +126,6 @@ def kernels_step(
     return KernelsStep.from_config(cfg, module_api=module_api, store=store)
 
 
-def validation_gates(cfg: DeployConfig) -> list[Gate]:
-    """Gates for a bare `deploy()` call: none. `action=deploy` goes through
-    `rollout.validation_flow.deploy_validated`, which passes each phase's gates (polled health
-    gates, then shadow-linear or tree) as `gates=`; one that raises makes the deploy roll back.
-    """
-    return []
-
-
 def prepare(
     cfg: DeployConfig,
     generations: GenerationStore,
@@ -169,12 +161,15 @@ def deploy(
     cfg: DeployConfig,
     host: ShellHost,
     *,
-    gates: Sequence[Gate] | None = None,
+    gates: Sequence[Gate] = (),
     replace_top: bool = False,
     generations: GenerationStore | None = None,
 ) -> DeployOutcome:
     """Bring `host` to what `cfg` says; zero changed steps when it already is.
 
+    `gates`: run after the steps, before the commit; one that raises rolls the deploy back. A
+    bare call has none: `action=deploy` goes through `validation_flow.deploy_validated`, which
+    passes each phase's (polled health gates, then shadow-linear or tree).
     `generations`: the host's record as the calling action holds it (read once per action);
     a call of its own reads it afresh.
 
@@ -215,7 +210,7 @@ def deploy(
     try:
         rows_applied = apply_steps(prepared.steps, host, generations, number)
         context = GateContext(cfg, host, number, prepared.rendered, api_key)
-        for gate in validation_gates(cfg) if gates is None else gates:
+        for gate in gates:
             gate(context)
         boundary("commit")
         below = [g for g in state.lineage if g != number]
