@@ -139,7 +139,7 @@ def build_kernels_action(cfg: DeployConfig) -> ActionOutcome:
         report = run_preflight(cfg, facts)
         emit("preflight", refusals=report.refusals)
         report.raise_if_refused()
-        result = kernels_step(cfg, facts).apply(host, facts)
+        result = kernels_step(cfg, facts).apply(host)
     return ActionOutcome(facts=facts, preflight=report, kernels=result)
 
 
@@ -334,7 +334,7 @@ def prepare_action(cfg: DeployConfig) -> ActionOutcome:
 
 
 def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> PlannedStep:
-    plan = KernelsStep.from_config(cfg).check(host, facts)
+    plan = KernelsStep.from_config(cfg, facts=facts).check(host)
     return PlannedStep(KernelsStep.name, plan.status.value, plan.reason)
 
 

@@ -13,7 +13,6 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import ClassVar
 
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import DeployError
@@ -33,7 +32,7 @@ from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, render_service
 from ddtree_deploy.service.secret import Secret, load_api_key
-from ddtree_deploy.steps import PlanStatus, Step, StepPlan, StepReport, StepResult, check_steps
+from ddtree_deploy.steps import PlanStatus, Step, StepReport, check_steps
 
 
 @dataclass(frozen=True)
@@ -82,34 +81,12 @@ def patch_steps(cfg: DeployConfig) -> list[Step]:
     ]
 
 
-@dataclass(frozen=True)
-class KernelsDeployStep:
-    """Build or reuse ddtree-kernels for the host's ABI, install it, smoke-test it.
-
-    `facts`: the probe preflight judged (one probe per run: each imports torch on the host);
-    None probes when needed.
-    """
-
-    name: ClassVar[str] = KernelsStep.name
-    restarts_service: ClassVar[bool] = KernelsStep.restarts_service
-    step: KernelsStep
-    facts: HostFacts | None = None
-
-    def check(self, host: ShellHost) -> StepPlan:
-        plan = self.step.check(host, self.facts)
-        return StepPlan(plan.status, plan.reason)
-
-    def apply(self, host: ShellHost) -> StepResult:
-        result = self.step.apply(host, self.facts)
-        return StepResult(result.status, result.reason)
-
-
 def kernel_steps(
     cfg: DeployConfig, facts: HostFacts | None, generations: GenerationStore
 ) -> list[Step]:
     """The kernels step; SGLang imports the kernels only at start, so a change owes a restart.
     It keeps its record in the run's copy of the host state (`generations`)."""
-    return [KernelsDeployStep(kernels_step(cfg, facts, generations.store), facts)]
+    return [kernels_step(cfg, facts, generations.store)]
 
 
 def kernels_step(
@@ -123,7 +100,7 @@ def kernels_step(
         # An unsupported release: preflight refuses it, and there is no API to hold to.
         with contextlib.suppress(UnsupportedRelease):
             module_api = select_patch_set(facts.sglang_version).module_api()
-    return KernelsStep.from_config(cfg, module_api=module_api, store=store)
+    return KernelsStep.from_config(cfg, module_api=module_api, store=store, facts=facts)
 
 
 def prepare(
