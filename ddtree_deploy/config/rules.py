@@ -12,6 +12,7 @@ from ddtree_deploy.config.schema import (
     FLEET_ACTIONS,
     Algo,
     DeployConfig,
+    Output,
     Transport,
     TreeMode,
     ValidationConfig,
@@ -96,9 +97,21 @@ def _problems(cfg: DeployConfig) -> list[str]:
 
 
 def _action_problems(cfg: DeployConfig) -> list[str]:
-    if cfg.action in ACTIONS:
+    if cfg.action not in ACTIONS:
+        return [f"action={cfg.action!r} is unknown; choose one of: {', '.join(ACTIONS)}."]
+    if cfg.output is not Output.prometheus:
         return []
-    return [f"action={cfg.action!r} is unknown; choose one of: {', '.join(ACTIONS)}."]
+    if cfg.fleet is not None:
+        return [
+            f"output=prometheus prints one host's metrics, not fleet {cfg.fleet.name}'s; name "
+            "one host with host=, or give output=table."
+        ]
+    if cfg.action != "status":
+        return [
+            f"output=prometheus is for action=status alone; give action={cfg.action} "
+            "output=table or output=json."
+        ]
+    return []
 
 
 def _abi_problems(cfg: DeployConfig) -> list[str]:
@@ -453,15 +466,54 @@ def _fleet_problems(cfg: DeployConfig) -> list[str]:
     return []
 
 
+# systemd.time(7)'s time span units, in seconds; a bare number is seconds. Parsed here, not by
+# `systemd-analyze timespan`, since the control machine need not run systemd.
+_SPAN_UNITS = {
+    **dict.fromkeys(("usec", "us", "µs"), 1e-6),
+    **dict.fromkeys(("msec", "ms"), 1e-3),
+    **dict.fromkeys(("seconds", "second", "sec", "s", ""), 1.0),
+    **dict.fromkeys(("minutes", "minute", "min", "m"), 60.0),
+    **dict.fromkeys(("hours", "hour", "hr", "h"), 3600.0),
+    **dict.fromkeys(("days", "day", "d"), 86400.0),
+    **dict.fromkeys(("weeks", "week", "w"), 604800.0),
+    **dict.fromkeys(("months", "month", "M"), 2629800.0),
+    **dict.fromkeys(("years", "year", "y"), 31557600.0),
+}
+_SPAN_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Zµ]*)")
+
+
+def _timespan_seconds(text: str) -> float | None:
+    """A systemd time span ("1h", "1h 30min", "90") in seconds; None if systemd would refuse it."""
+    total, end = 0.0, 0
+    for part in _SPAN_PART.finditer(text):
+        if part.start() != end or part.group(2) not in _SPAN_UNITS:
+            return None
+        total += float(part.group(1)) * _SPAN_UNITS[part.group(2)]
+        end = part.end()
+    return total if end and text[end:].strip() == "" else None
+
+
 def _watch_problems(cfg: DeployConfig) -> list[str]:
-    """The re-validation timer's ExecStart= runs `watch.command` (docs/watch.md)."""
-    command = cfg.watch.command
-    if not cfg.watch.enabled:
+    """The re-validation timer's ExecStart= runs `watch.command`; its OnUnitActiveSec= and
+    AccuracySec= take `interval` and `accuracy` (docs/watch.md)."""
+    watch = cfg.watch
+    if not watch.enabled:
         return []
-    if not command.startswith("/") or set(command) & set(PROGRAM_UNSAFE):
+    if not watch.command.startswith("/") or set(watch.command) & set(PROGRAM_UNSAFE):
         return [
-            f"watch.command={_shown(command)} must be an absolute path without quotes, "
+            f"watch.command={_shown(watch.command)} must be an absolute path without quotes, "
             "backslashes or $ (the timer's ExecStart= runs it); give where ddtree-deploy is "
             "installed on the host, or set watch.enabled=false."
         ]
+    for key, span, example in (
+        ("interval", watch.interval, "1h, 30min or 1d"),
+        ("accuracy", watch.accuracy, "1min or 30s"),
+    ):
+        if not _timespan_seconds(span):  # 0 would turn the timer off without a word
+            return [
+                f"watch.{key}={_shown(span)} is not a systemd time span above 0; give one such "
+                f"as {example}."
+            ]
+    if watch.textfile_dir is not None:
+        return _path_problems("watch.textfile_dir", watch.textfile_dir)
     return []

@@ -105,7 +105,7 @@ def build_kernels_action(cfg: DeployConfig) -> KernelsOutcome:
         report = run_preflight(cfg, facts)
         emit("preflight", refusals=report.refusals)
         report.raise_if_refused()
-        result = kernels_step(cfg, facts).apply(host, facts)
+        result = kernels_step(cfg, facts).apply(host)
     return KernelsOutcome(preflight=report, kernels=result)
 
 
@@ -298,7 +298,7 @@ def prepare_action(cfg: DeployConfig) -> PrepareOutcome:
 
 
 def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> PlannedStep:
-    plan = KernelsStep.from_config(cfg).check(host, facts)
+    plan = KernelsStep.from_config(cfg, facts=facts).check(host)
     return PlannedStep(KernelsStep.name, plan.status.value, plan.reason)
 
 

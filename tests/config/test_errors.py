@@ -267,6 +267,51 @@ CASES += [
         id="gpu-ids-without-gpus",
     ),
     pytest.param(
+        ["service.environment={A:b}"],
+        "Config key service.environment.A is not set yet and Hydra adds a key only when asked; give it as +service.environment.A=<value>.",
+        id="dict-key-without-plus",
+    ),
+    pytest.param(
+        ["tune.budgets=4"],
+        "Config key tune.budgets takes a list; give it as tune.budgets=[a,b].",
+        id="list-given-a-word",
+    ),
+    pytest.param(
+        ["action=plan", "output=prometheus"],
+        "output=prometheus is for action=status alone; give action=plan output=table or output=json.",
+        id="prometheus-beside-plan",
+    ),
+    pytest.param(
+        ["fleet=ct", "action=status", "output=prometheus"],
+        "output=prometheus prints one host's metrics, not fleet ct's; name one host with host=, or give output=table.",
+        id="prometheus-for-a-fleet",
+    ),
+    pytest.param(
+        ["host=ct200", "watch.interval='1h;2'"],
+        "watch.interval='1h;2' is not a systemd time span above 0; give one such as 1h, 30min or 1d.",
+        id="watch-interval-not-a-span",
+    ),
+    pytest.param(
+        ["host=ct200", "watch.interval=0"],
+        "watch.interval='0' is not a systemd time span above 0; give one such as 1h, 30min or 1d.",
+        id="watch-interval-zero",
+    ),
+    pytest.param(
+        ["host=ct200", "watch.accuracy=1x"],
+        "watch.accuracy='1x' is not a systemd time span above 0; give one such as 1min or 30s.",
+        id="watch-accuracy-unit",
+    ),
+    pytest.param(
+        ["host=ct200", "watch.textfile_dir=prom"],
+        "watch.textfile_dir='prom' is not an absolute path; give the folder's full path.",
+        id="watch-textfile-relative",
+    ),
+    pytest.param(
+        ["model.name=${nowhere}"],
+        "Config key model.name cannot be resolved (Interpolation key 'nowhere' not found); give a plain value or a ${...} that names a key of the config or a set environment variable.",
+        id="interpolation-unresolved",
+    ),
+    pytest.param(
         ["deploy"],
         "'deploy' is not an override: give each setting as key=value, e.g. action=deploy.",
         id="bare-action-word",
@@ -319,3 +364,9 @@ def test_api_key_file_open_to_others_is_refused(tmp_path: Path) -> None:
     )
     key.chmod(0o600)
     assert load_api_key(cfg.service).reveal() == "sk-test"
+
+
+@pytest.mark.parametrize("span", ["1h", "90", "1h 30min", "1.5h", "4s", "2 weeks", "500ms"])
+def test_watch_interval_takes_systemd_time_spans(span: str) -> None:
+    """The forms systemd.time(7) gives for a time span pass as the timer's interval."""
+    assert compose_config(["host=ct200", f"watch.interval='{span}'"]).watch.interval == span
