@@ -280,7 +280,7 @@ def tune(
         progress.finished = True
         _save_progress(cfg, host, progress)
         raise _no_winner(cfg, host, api_key, record, results, generations)
-    _serve_winner(cfg, host, generations, progress, winner, record)
+    _serve_winner(cfg, host, api_key, generations, progress, winner, record)
     progress.finished = True
     _save_progress(cfg, host, progress)
     return winner
@@ -501,6 +501,7 @@ def tune_table(
 def _serve_winner(
     cfg: DeployConfig,
     host: ShellHost,
+    api_key: Secret | None,
     generations: GenerationStore,
     progress: _Progress,
     winner: CandidateResult,
@@ -527,7 +528,7 @@ def _serve_winner(
         except DeployError as err:
             reason = f"The winner {winner.candidate.label} did not come back: {err}"
             raise roll_back_after_failure(
-                cfg, host, load_api_key(cfg.service), record, reason, err, generations
+                cfg, host, api_key, record, reason, err, generations
             ) from err
     promote(win_cfg, host, generations, number, record)
     record.decide(
