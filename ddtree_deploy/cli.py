@@ -43,6 +43,7 @@ from ddtree_deploy.report import console, render
 from ddtree_deploy.report.action_run import run_action
 from ddtree_deploy.report.fleet_report import write_fleet_reports
 from ddtree_deploy.report.usage import usage_text
+from ddtree_deploy.rollout.outcomes import PlanOutcome, StatusOutcome
 from ddtree_deploy.service.secret import load_api_key
 
 
@@ -212,17 +213,20 @@ def _run_fleet(
 def _render_fleet(result: FleetResult) -> None:
     if result.action == "status":  # one table over the fleet
         rows = [
-            (r.name, r.outcome.status if r.outcome else None, r.verdict.value, r.detail)
+            (
+                r.name,
+                r.outcome.status if isinstance(r.outcome, StatusOutcome) else None,
+                r.verdict.value,
+                r.detail,
+            )
             for r in result.hosts
         ]
         render.fleet_status_table(result.fleet, rows)
         return
     if result.action == "plan":
         for run in result.hosts:
-            if run.outcome is not None and run.outcome.preflight is not None:
-                render.preflight_table(run.outcome.preflight)
-            if run.outcome is not None and run.outcome.steps:
-                render.plan_table(run.name, run.outcome.steps)
+            if isinstance(run.outcome, PlanOutcome):
+                render.plan(run.name, run.outcome)
     render.fleet_recap(result.to_dict())
 
 

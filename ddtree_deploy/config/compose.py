@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
+    InterpolationResolutionError,
     MissingMandatoryValue,
     OmegaConfBaseException,
     ValidationError,
@@ -33,7 +34,7 @@ from omegaconf.errors import (
 from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy.config.rules import check_config
-from ddtree_deploy.config.schema import DeployConfig, register_configs
+from ddtree_deploy.config.schema import ACTIONS, DeployConfig, register_configs
 from ddtree_deploy.errors import ConfigError
 
 CONFIG_MODULE = "ddtree_deploy.conf"
@@ -157,6 +158,13 @@ def _as_config_error(err: Exception) -> ConfigError:
         return ConfigError(f"Config key {key} was retired: {RETIRED_KEYS[key]}")
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
         return _unknown_key_error(str(key))
+    if isinstance(cause, InterpolationResolutionError) and key:
+        return ConfigError(
+            f"Config key {key} cannot be resolved ({first_line.rstrip('.')}); give a plain value "
+            "or a ${...} that names a key of the config or a set environment variable."
+        )
+    if isinstance(cause, ValidationError) and key and "is not a ListConfig" in first_line:
+        return ConfigError(f"Config key {key} takes a list; give it as {key}=[a,b].")
     if isinstance(cause, ValidationError) and key:
         return ConfigError(f"Config key {key} has an invalid value: {first_line.rstrip('.')}.")
     return ConfigError(f"The configuration could not be composed: {first_line.rstrip('.')}.")
@@ -171,12 +179,20 @@ def _parse_overrides(overrides: Sequence[str]) -> list[Override]:
         try:
             parsed += parser.parse_overrides([override])
         except OverrideParseException as err:
+            if "=" not in override and not override.startswith("~"):
+                raise ConfigError(_not_an_override(override)) from err
             raise ConfigError(
                 f"Cannot read the override {override!r}: a value holding ';', spaces, quotes, "
                 "brackets or non-ASCII characters must be quoted for Hydra, as in "
                 "\"model.name='my model'\" (single quotes inside the shell's double quotes)."
             ) from err
     return parsed
+
+
+def _not_an_override(word: str) -> str:
+    """The sentence for a bare word (`ddtree-deploy deploy`): every argument is key=value."""
+    example = f"action={word}" if word in ACTIONS else "action=deploy or host=ct200"
+    return f"{word!r} is not an override: give each setting as key=value, e.g. {example}."
 
 
 def _check_added_keys(overrides: Sequence[Override]) -> None:
@@ -192,6 +208,11 @@ def _check_added_keys(overrides: Sequence[Override]) -> None:
 
 
 def _unknown_key_error(key: str) -> ConfigError:
+    if "." in key and _schema_has(key):  # a new key of a dict field (service.environment.X)
+        return ConfigError(
+            f"Config key {key} is not set yet and Hydra adds a key only when asked; give it as "
+            f"+{key}=<value>."
+        )
     return ConfigError(f"Config key {key} does not exist; {_nearest_key(key)}")
 
 

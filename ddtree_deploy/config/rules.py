@@ -12,6 +12,7 @@ from ddtree_deploy.config.schema import (
     FLEET_ACTIONS,
     Algo,
     DeployConfig,
+    Output,
     Transport,
     TreeMode,
     ValidationConfig,
@@ -84,6 +85,7 @@ def _problems(cfg: DeployConfig) -> list[str]:
         *_abi_problems(cfg),
         *_gpu_problems(cfg),
         *_host_problems(cfg),
+        *_runs_dir_problems(cfg),
         *_algo_problems(cfg),
         *_service_problems(cfg),
         *_sglang_problems(cfg),
@@ -95,9 +97,21 @@ def _problems(cfg: DeployConfig) -> list[str]:
 
 
 def _action_problems(cfg: DeployConfig) -> list[str]:
-    if cfg.action in ACTIONS:
+    if cfg.action not in ACTIONS:
+        return [f"action={cfg.action!r} is unknown; choose one of: {', '.join(ACTIONS)}."]
+    if cfg.output is not Output.prometheus:
         return []
-    return [f"action={cfg.action!r} is unknown; choose one of: {', '.join(ACTIONS)}."]
+    if cfg.fleet is not None:
+        return [
+            f"output=prometheus prints one host's metrics, not fleet {cfg.fleet.name}'s; name "
+            "one host with host=, or give output=table."
+        ]
+    if cfg.action != "status":
+        return [
+            f"output=prometheus is for action=status alone; give action={cfg.action} "
+            "output=table or output=json."
+        ]
+    return []
 
 
 def _abi_problems(cfg: DeployConfig) -> list[str]:
@@ -165,6 +179,7 @@ def _host_problems(cfg: DeployConfig) -> list[str]:
             "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
         )
     problems += _path_problems("host.sglang_venv", host.sglang_venv)
+    problems += _path_problems("host.state_dir", host.state_dir)
     if unsafe := ", ".join(map(repr, sorted(set(host.sglang_venv) & set(PROGRAM_UNSAFE)))):
         problems.append(
             f"host.sglang_venv={_shown(host.sglang_venv)} holds {unsafe}, which "
@@ -177,7 +192,12 @@ def _host_problems(cfg: DeployConfig) -> list[str]:
             f"set host.address=<name or IP>."
         )
     bad_ids = [i for i in host.gpu_ids if not 0 <= i < host.gpu_count]
-    if bad_ids:
+    if bad_ids and not host.gpu_count:
+        problems.append(
+            f"host.gpu_ids={list(host.gpu_ids)} names GPUs on a host with host.gpu_count=0; "
+            "give the host's GPU count, or host.gpu_ids=[]."
+        )
+    elif bad_ids:
         problems.append(
             f"host.gpu_ids={list(host.gpu_ids)} names GPUs outside 0..{host.gpu_count - 1} "
             f"(host.gpu_count={host.gpu_count})."
@@ -190,6 +210,14 @@ def _host_problems(cfg: DeployConfig) -> list[str]:
             f"gives ({len(host.gpu_ids)})."
         )
     return problems
+
+
+def _runs_dir_problems(cfg: DeployConfig) -> list[str]:
+    """rollout.runs_dir is on this machine, so a relative folder is fine; an empty one would put
+    every run's folder loose in the working directory."""
+    if cfg.rollout.runs_dir.strip():
+        return []
+    return ["rollout.runs_dir is empty; give the folder the run folders go in (default: runs)."]
 
 
 def _algo_problems(cfg: DeployConfig) -> list[str]:
@@ -276,6 +304,11 @@ def _unit_problems(cfg: DeployConfig) -> list[str]:
         problems.append(
             f"service.unit_name={_shown(svc.unit_name)} is not a systemd unit name: give 1 to "
             "128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit."
+        )
+    elif svc.unit_name.endswith(".service"):
+        problems.append(
+            f"service.unit_name={_shown(svc.unit_name)} ends in .service, which the unit's "
+            f"file name adds; give {_shown(svc.unit_name.removesuffix('.service'))}."
         )
     if not _USER.match(svc.user):
         problems.append(
@@ -433,15 +466,54 @@ def _fleet_problems(cfg: DeployConfig) -> list[str]:
     return []
 
 
+# systemd.time(7)'s time span units, in seconds; a bare number is seconds. Parsed here, not by
+# `systemd-analyze timespan`, since the control machine need not run systemd.
+_SPAN_UNITS = {
+    **dict.fromkeys(("usec", "us", "µs"), 1e-6),
+    **dict.fromkeys(("msec", "ms"), 1e-3),
+    **dict.fromkeys(("seconds", "second", "sec", "s", ""), 1.0),
+    **dict.fromkeys(("minutes", "minute", "min", "m"), 60.0),
+    **dict.fromkeys(("hours", "hour", "hr", "h"), 3600.0),
+    **dict.fromkeys(("days", "day", "d"), 86400.0),
+    **dict.fromkeys(("weeks", "week", "w"), 604800.0),
+    **dict.fromkeys(("months", "month", "M"), 2629800.0),
+    **dict.fromkeys(("years", "year", "y"), 31557600.0),
+}
+_SPAN_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Zµ]*)")
+
+
+def _timespan_seconds(text: str) -> float | None:
+    """A systemd time span ("1h", "1h 30min", "90") in seconds; None if systemd would refuse it."""
+    total, end = 0.0, 0
+    for part in _SPAN_PART.finditer(text):
+        if part.start() != end or part.group(2) not in _SPAN_UNITS:
+            return None
+        total += float(part.group(1)) * _SPAN_UNITS[part.group(2)]
+        end = part.end()
+    return total if end and text[end:].strip() == "" else None
+
+
 def _watch_problems(cfg: DeployConfig) -> list[str]:
-    """The re-validation timer's ExecStart= runs `watch.command` (docs/watch.md)."""
-    command = cfg.watch.command
-    if not cfg.watch.enabled:
+    """The re-validation timer's ExecStart= runs `watch.command`; its OnUnitActiveSec= and
+    AccuracySec= take `interval` and `accuracy` (docs/watch.md)."""
+    watch = cfg.watch
+    if not watch.enabled:
         return []
-    if not command.startswith("/") or set(command) & set(PROGRAM_UNSAFE):
+    if not watch.command.startswith("/") or set(watch.command) & set(PROGRAM_UNSAFE):
         return [
-            f"watch.command={_shown(command)} must be an absolute path without quotes, "
+            f"watch.command={_shown(watch.command)} must be an absolute path without quotes, "
             "backslashes or $ (the timer's ExecStart= runs it); give where ddtree-deploy is "
             "installed on the host, or set watch.enabled=false."
         ]
+    for key, span, example in (
+        ("interval", watch.interval, "1h, 30min or 1d"),
+        ("accuracy", watch.accuracy, "1min or 30s"),
+    ):
+        if not _timespan_seconds(span):  # 0 would turn the timer off without a word
+            return [
+                f"watch.{key}={_shown(span)} is not a systemd time span above 0; give one such "
+                f"as {example}."
+            ]
+    if watch.textfile_dir is not None:
+        return _path_problems("watch.textfile_dir", watch.textfile_dir)
     return []

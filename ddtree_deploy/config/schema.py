@@ -91,6 +91,15 @@ class AlgoConfig:
     topk: int = ranged(4, at_least=1)  # children kept per draft position, <= budget
     allow_hybrid_unsafe: bool = False
 
+    @property
+    def summary(self) -> str:
+        """The algorithm in a few words, as units, reports and sentences name what a host serves."""
+        if self.name is Algo.DFLASH:
+            return "linear DFLASH"
+        if self.mode is TreeMode.shadow_linear:
+            return f"DDTREE shadow_linear, budget {self.budget}"
+        return f"DDTREE tree, budget {self.budget}, topk {self.topk}"
+
 
 @dataclass
 class SglangConfig:

@@ -22,10 +22,9 @@ from ddtree_deploy.fleet.schedule import Started
 from ddtree_deploy.fleet.strategy import HostRun, Verdict
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.lock import HostBusy, host_lock
-from ddtree_deploy.rollout.actions import ActionOutcome, ActionRun
 from ddtree_deploy.rollout.generations import GenerationStore, HostState
+from ddtree_deploy.rollout.outcomes import ActionRun
 from ddtree_deploy.rollout.rollback import rollback
-from ddtree_deploy.validate.gates import Decision
 from ddtree_deploy.validate.record import ValidationRecord
 
 # Actions that change a host: the generation it had before is journaled (rollback_all).
@@ -98,18 +97,17 @@ class ActionDriver:
             return self._failed(cfg, run.error, run.record)
         outcome = run.outcome
         assert outcome is not None, "an action returns its outcome or raises"
-        state = HostState(generation=outcome.generation, summary=outcome.serving)
-        if outcome.serving is None and cfg.action in _SERVING:  # validate, tune: ask the host
-            state = _state(cfg)
-        tokens, speedup = figures(outcome.validation)
-        changed = _changed(outcome)
-        verdict = Verdict.changed if changed else Verdict.ok
+        state = outcome.serving
+        if state is None:  # validate, tune: ask the host; a read-only action: nothing to show
+            state = _state(cfg) if cfg.action in _SERVING else HostState()
+        tokens, speedup = figures(outcome.record)
+        verdict = Verdict.changed if outcome.changed else Verdict.ok
         if outcome.exit_code:
             verdict = Verdict.failed
         return HostRun(
             name,
             verdict,
-            (outcome.summary or _summary(outcome, verdict)).removeprefix(f"{name}: "),
+            (outcome.recap or verdict.value).removeprefix(f"{name}: "),
             outcome.exit_code,
             generation=state.generation,
             algo=state.summary or state.algo or "",
@@ -208,23 +206,6 @@ def _step_of(record: dict[str, Any]) -> str | None:
     if event in ("kernels.build", "rollback.start", "deploy.unchanged", "status", "audit"):
         return str(event).replace(".", " ")
     return None
-
-
-def _changed(outcome: ActionOutcome) -> bool:
-    if outcome.validation is not None and outcome.validation.decision:
-        return outcome.validation.decision not in (Decision.unchanged, Decision.staging) or any(
-            r.status == "changed" for r in outcome.results
-        )
-    return any(r.status == "changed" for r in outcome.results)
-
-
-def _summary(outcome: ActionOutcome, verdict: Verdict) -> str:
-    if outcome.status is not None:
-        return f"{outcome.status.unit_state}; drift: {len(outcome.status.drift)}"
-    if outcome.steps:
-        would = [s.name for s in outcome.steps if s.status == "would_change"]
-        return f"would change: {', '.join(would)}" if would else "nothing to change"
-    return verdict.value
 
 
 def figures(record: ValidationRecord | None) -> tuple[float | None, float | None]:

@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from ddtree_deploy.errors import ExitCode
-from ddtree_deploy.rollout.actions import ActionOutcome
+from ddtree_deploy.rollout.outcomes import ActionOutcome
 
 
 class Verdict(StrEnum):

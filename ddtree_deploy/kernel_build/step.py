@@ -55,7 +55,7 @@ from ddtree_deploy.kernel_build.key import (
 )
 from ddtree_deploy.kernel_build.repack import with_python
 from ddtree_deploy.kernel_build.smoke import SMOKE_SCRIPT, SmokeReport, parse_smoke_output
-from ddtree_deploy.steps import PlanStatus, ResultStatus
+from ddtree_deploy.steps import PlanStatus, ResultStatus, StepPlan, StepResult
 
 # Prints the sha256 of the installed ddtree-kernels' RECORD, or nothing when it is not installed.
 _RECORD_PROBE = """
@@ -86,21 +86,18 @@ class WheelSource(StrEnum):
 
 
 @dataclass(frozen=True)
-class KernelsPlan:
+class KernelsPlan(StepPlan):
     """What `apply` would do; `reason` is the line `action=plan` prints."""
 
-    status: PlanStatus
-    reason: str
     key: KernelKey | None = None
     source: WheelSource | None = None
 
 
 @dataclass(frozen=True)
-class KernelsResult:
-    """What `apply` did: the key, where the wheel came from, the path ops take, the smoke test."""
+class KernelsResult(StepResult):
+    """What `apply` did (`detail`): the key, where the wheel came from, the path ops take, the
+    smoke test."""
 
-    status: ResultStatus
-    reason: str
     key: KernelKey
     source: WheelSource
     wheel_sha256: str
@@ -128,6 +125,9 @@ class KernelsStep:
     # The state store of the run this step is part of (a deploy's), so the run's copy of
     # state.json holds the kernels entry this step writes; None: each use reads the host's.
     store: HostStateStore | None = field(default=None, compare=False)
+    # The host's probe where the run has one (preflight's: each probe imports torch on the
+    # host); None: `check` and `apply` probe the venv themselves.
+    facts: HostFacts | None = field(default=None, compare=False)
 
     @classmethod
     def from_config(
@@ -137,6 +137,7 @@ class KernelsStep:
         cache_dir: Path | None = None,
         module_api: int | None = None,
         store: HostStateStore | None = None,
+        facts: HostFacts | None = None,
     ) -> KernelsStep:
         return cls(
             host_name=cfg.host.name,
@@ -147,6 +148,7 @@ class KernelsStep:
             cache_dir=cache_dir or default_cache_dir(),
             module_api=module_api,
             store=store,
+            facts=facts,
         )
 
     @property
@@ -176,15 +178,18 @@ class KernelsStep:
             build_sha256=build_sha256(self.source_dir),
         )
 
-    def check(self, host: ShellHost, facts: HostFacts | None = None) -> KernelsPlan:
+    def check(self, host: ShellHost) -> KernelsPlan:
         """Install kernels built for the host's torch/CUDA/Python/arch into its SGLang venv."""
         try:
-            key = self.key(facts or probe_facts(host, self.python))
+            key = self.key(self.facts or probe_facts(host, self.python))
         except KernelBuildError as err:
             return KernelsPlan(PlanStatus.UNKNOWN, str(err))
         if self._installed(host, key):
             return KernelsPlan(
-                PlanStatus.OK, f"kernels {key.slug} already installed", key, WheelSource.installed
+                PlanStatus.OK,
+                f"kernels {key.slug} already installed",
+                key=key,
+                source=WheelSource.installed,
             )
         flavour = self._flavour(key)
         if WheelCache(self.cache_dir).get(key) is not None:
@@ -192,13 +197,13 @@ class KernelsStep:
             python_only = isinstance(entry, dict) and entry.get("digest") == key.digest
             what = "the changed package Python in " if python_only else ""
             reason = f"install {what}cached wheel {key.slug} ({flavour})"
-            return KernelsPlan(PlanStatus.WOULD_CHANGE, reason, key, WheelSource.cache)
+            return KernelsPlan(PlanStatus.WOULD_CHANGE, reason, key=key, source=WheelSource.cache)
         reason = f"build {key.slug} on {host.name} ({flavour}), then install it"
-        return KernelsPlan(PlanStatus.WOULD_CHANGE, reason, key, WheelSource.build)
+        return KernelsPlan(PlanStatus.WOULD_CHANGE, reason, key=key, source=WheelSource.build)
 
-    def apply(self, host: ShellHost, facts: HostFacts | None = None) -> KernelsResult:
+    def apply(self, host: ShellHost) -> KernelsResult:
         """Bring the venv to the key's wheel; `ok` (smoke-tested) when it already has it."""
-        key = self.key(facts or probe_facts(host, self.python))
+        key = self.key(self.facts or probe_facts(host, self.python))
         emit("kernels.key", host=host.name, python_sha256=self._python_sha256(), **key.to_dict())
         if self._installed(host, key):
             smoke = self._smoke(host, key, pythonpath=None)

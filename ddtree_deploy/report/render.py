@@ -11,7 +11,7 @@ from ddtree_deploy.kernel_build import KernelsResult
 from ddtree_deploy.patching.audit import AuditReport
 from ddtree_deploy.patching.engine import FilePlan
 from ddtree_deploy.report import console
-from ddtree_deploy.rollout.actions import PlannedStep
+from ddtree_deploy.rollout.outcomes import PlannedStep, PlanOutcome
 from ddtree_deploy.rollout.preflight import PreflightReport, Verdict
 from ddtree_deploy.rollout.status import HostStatus
 from ddtree_deploy.service.lint import LintReport
@@ -54,16 +54,17 @@ def preflight_table(report: PreflightReport) -> None:
             console.print_line(f"{check.name}: {check.sentence}", style=style)
 
 
-def plan_table(host: str, steps: list[PlannedStep]) -> None:
-    rows = [(s.name, s.status, s.detail) for s in steps]
+def plan(host: str, outcome: PlanOutcome) -> None:
+    """A host's plan (alone or one of a fleet's): the preflight, then what each step would do."""
+    preflight_table(outcome.preflight)
+    rows = [(s.name, s.status, s.detail) for s in outcome.steps]
     console.print_table(f"plan: {host}", ("step", "status", "what it would do"), rows)
 
 
-def service_json(rendered: RenderedService, lint: LintReport | None) -> None:
+def service_json(rendered: RenderedService, lint: LintReport) -> None:
     """`action=render output=json`: the files, the argv and the environment, secret masked."""
     data: dict[str, object] = rendered.to_dict()
-    if lint is not None:
-        data["lint"] = {"ok": lint.ok, "summary": lint.summary()}
+    data["lint"] = {"ok": lint.ok, "summary": lint.summary()}
     console.stdout.print_json(json.dumps(data))
 
 

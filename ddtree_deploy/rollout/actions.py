@@ -1,14 +1,13 @@
 """What each `action=` does, in order. The only module that knows the order of steps.
 
-Each action returns an `ActionOutcome`: the objects the CLI renders and the exit code. Actions
-print nothing themselves; they emit events.
+Each action returns its own `ActionOutcome` type (rollout/outcomes.py): the exit code and what
+its renderer shows. Actions print nothing themselves; they emit events.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ddtree_deploy.config.schema import DeployConfig, Output
@@ -18,19 +17,35 @@ from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.hosts.facts import HostFacts, probe_facts
 from ddtree_deploy.hosts.lock import host_lock
-from ddtree_deploy.hosts.staging import StagingResult, prepare_staging_venv
+from ddtree_deploy.hosts.staging import prepare_staging_venv
 from ddtree_deploy.hosts.state import HostStateStore
-from ddtree_deploy.kernel_build import KernelsResult, KernelsStep
-from ddtree_deploy.patching.audit import AuditReport, audit
+from ddtree_deploy.kernel_build import KernelsStep
+from ddtree_deploy.patching.audit import audit
 from ddtree_deploy.patching.manifest import select_patch_set
-from ddtree_deploy.patching.port import PortRefused, PortReport, port_patch_set
+from ddtree_deploy.patching.port import PortRefused, port_patch_set
 from ddtree_deploy.patching.step import PatchStep, locate_site_packages
-from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.generations import GenerationStore, HostState
+from ddtree_deploy.rollout.outcomes import (
+    ActionOutcome,
+    AuditOutcome,
+    DeployedOutcome,
+    FactsOutcome,
+    GatedOutcome,
+    KernelsOutcome,
+    PatchStepOutcome,
+    PlannedStep,
+    PlanOutcome,
+    PortOutcome,
+    PrepareOutcome,
+    RenderOutcome,
+    RolledBackOutcome,
+    StatusOutcome,
+)
 from ddtree_deploy.rollout.pipeline import kernels_step, preflight, prepare
-from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
+from ddtree_deploy.rollout.preflight import run_preflight, sglang_python
 from ddtree_deploy.rollout.revalidate import revalidate
 from ddtree_deploy.rollout.rollback import rollback
-from ddtree_deploy.rollout.status import HostStatus, host_status, installed_patch_step
+from ddtree_deploy.rollout.status import host_status, installed_patch_step
 from ddtree_deploy.rollout.tune import tune
 from ddtree_deploy.rollout.validation_flow import (
     ValidationFailed,
@@ -39,60 +54,12 @@ from ddtree_deploy.rollout.validation_flow import (
 )
 from ddtree_deploy.rollout.watch_install import install_watch, refresh_watch
 from ddtree_deploy.rollout.watch_record import metrics_text, note_validation, record_validated
-from ddtree_deploy.service.lint import LintReport, lint_unit
-from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
+from ddtree_deploy.service.lint import lint_unit
+from ddtree_deploy.service.render import render_service
 from ddtree_deploy.service.secret import load_api_key
 from ddtree_deploy.steps import check_steps
 from ddtree_deploy.validate.gates import Decision
 from ddtree_deploy.validate.record import ValidationRecord
-
-
-@dataclass(frozen=True)
-class PlannedStep:
-    """One line of `action=plan`: what a step would do on this host."""
-
-    name: str
-    status: str  # ok | would_change | unknown | staging
-    detail: str
-
-
-@dataclass
-class ActionOutcome:
-    """What an action produced, for the CLI to render; `exit_code` 0 means success."""
-
-    exit_code: int = ExitCode.OK
-    facts: HostFacts | None = None
-    preflight: PreflightReport | None = None
-    steps: list[PlannedStep] = field(default_factory=list)
-    staging: StagingResult | None = None
-    rendered: RenderedService | None = None  # action=render (secrets only in env_text)
-    lint: LintReport | None = None
-    results: list[PlannedStep] = field(default_factory=list)  # what deploy/rollback did
-    summary: str | None = None  # one recap line
-    status: HostStatus | None = None
-    kernels: KernelsResult | None = None  # action=build-kernels
-    validation: ValidationRecord | None = None  # the gates' record (action=deploy)
-    audit: AuditReport | None = None  # action=audit; the CLI writes its report files
-    port: PortReport | None = None  # action=port; the CLI writes the candidate and reports
-    metrics: str | None = None  # action=status output=prometheus: the text exposition
-    # What the host serves after deploy or rollback: its current generation and what it runs.
-    generation: int | None = None
-    serving: str | None = None
-
-
-@dataclass(frozen=True)
-class ActionRun:
-    """What running an action on one host gave: its outcome, or the error it raised."""
-
-    outcome: ActionOutcome | None
-    error: DeployError | None = None
-
-    @property
-    def record(self) -> ValidationRecord | None:
-        """The gates' record, a failed validation's included."""
-        if isinstance(self.error, ValidationFailed):
-            return self.error.record
-        return self.outcome.validation if self.outcome is not None else None
 
 
 def _locked(cfg: DeployConfig, host: ShellHost) -> AbstractContextManager[object]:
@@ -108,11 +75,11 @@ def gather_facts(cfg: DeployConfig) -> HostFacts:
     return facts
 
 
-def facts_action(cfg: DeployConfig) -> ActionOutcome:
-    return ActionOutcome(facts=gather_facts(cfg))
+def facts_action(cfg: DeployConfig) -> FactsOutcome:
+    return FactsOutcome(facts=gather_facts(cfg))
 
 
-def plan_action(cfg: DeployConfig) -> ActionOutcome:
+def plan_action(cfg: DeployConfig) -> PlanOutcome:
     """Preflight, then what each step would do; changes nothing (one connection, one probe)."""
     with connect(cfg.host) as host:
         facts = probe_facts(host, sglang_python(cfg))
@@ -124,38 +91,37 @@ def plan_action(cfg: DeployConfig) -> ActionOutcome:
             _kernels_step_plan(cfg, facts, host),
             *_service_step_plans(cfg, host),
         ]
-    return ActionOutcome(
+    return PlanOutcome(
         exit_code=ExitCode.PREFLIGHT_REFUSED if report.refusals else ExitCode.OK,
-        facts=facts,
         preflight=report,
         steps=steps,
     )
 
 
-def build_kernels_action(cfg: DeployConfig) -> ActionOutcome:
+def build_kernels_action(cfg: DeployConfig) -> KernelsOutcome:
     """Preflight, then build (or reuse), install and smoke-test the kernels on the host."""
     with connect(cfg.host) as host, _locked(cfg, host):
         facts = probe_facts(host, sglang_python(cfg))
         report = run_preflight(cfg, facts)
         emit("preflight", refusals=report.refusals)
         report.raise_if_refused()
-        result = kernels_step(cfg, facts).apply(host, facts)
-    return ActionOutcome(facts=facts, preflight=report, kernels=result)
+        result = kernels_step(cfg, facts).apply(host)
+    return KernelsOutcome(preflight=report, kernels=result)
 
 
-def render_action(cfg: DeployConfig) -> ActionOutcome:
+def render_action(cfg: DeployConfig) -> RenderOutcome:
     """Render the unit and env file for this config and lint them; touches no host."""
     rendered = render_service(cfg, load_api_key(cfg.service))
     lint = lint_unit(rendered, cfg.service.max_exposure)
     emit("service.lint", unit=lint.unit, ok=lint.ok, summary=lint.summary())
-    return ActionOutcome(
+    return RenderOutcome(
         exit_code=ExitCode.OK if lint.ok else ExitCode.DRIFTED_FILE, rendered=rendered, lint=lint
     )
 
 
-def deploy_action(cfg: DeployConfig) -> ActionOutcome:
+def deploy_action(cfg: DeployConfig) -> DeployedOutcome:
     """Run the deploy pipeline on the configured host, through the validation gates."""
-    record = ValidationRecord(cfg.host.name, algo_summary(cfg))
+    record = ValidationRecord(cfg.host.name, cfg.algo.summary)
     with connect(cfg.host) as host, _locked(cfg, host):
         generations = _generations(cfg, host)
         with _noted_on_failure(cfg, host, generations):
@@ -171,18 +137,17 @@ def deploy_action(cfg: DeployConfig) -> ActionOutcome:
             record.notes.append(watched)
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     where = f"generation {outcome.generation}" if outcome.generation else "no generation"
-    return ActionOutcome(
+    return DeployedOutcome(
         preflight=outcome.preflight,
         lint=outcome.lint,
         results=results,
         summary=f"{cfg.host.name}: {outcome.changed} step(s) changed; {where} is current.",
         validation=record,
-        generation=outcome.generation,
-        serving=algo_summary(cfg),
+        now=HostState(generation=outcome.generation, summary=cfg.algo.summary),
     )
 
 
-def validate_action(cfg: DeployConfig) -> ActionOutcome:
+def validate_action(cfg: DeployConfig) -> GatedOutcome:
     """Run the gates against the service as it runs now (after a driver or model update, or
     on a host whose server this tool does not start); stores a baseline when it serves DFLASH."""
     if cfg.host.staging:
@@ -190,7 +155,7 @@ def validate_action(cfg: DeployConfig) -> ActionOutcome:
             f"action=validate judges a running SGLang server, and {cfg.host.name} is a staging "
             "host where none runs; point it at a host that serves (host.staging=false)."
         )
-    record = ValidationRecord(cfg.host.name, algo_summary(cfg))
+    record = ValidationRecord(cfg.host.name, cfg.algo.summary)
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
         generations = _generations(cfg, host)
@@ -198,10 +163,10 @@ def validate_action(cfg: DeployConfig) -> ActionOutcome:
             validate_running(cfg, host, record, generations)
         record_validated(cfg, host, report.facts, generations)
         note_validation(cfg, host, record, generations, failed=False)
-    return ActionOutcome(summary=record.sentence, validation=record)
+    return GatedOutcome(summary=record.sentence, validation=record)
 
 
-def tune_action(cfg: DeployConfig) -> ActionOutcome:
+def tune_action(cfg: DeployConfig) -> GatedOutcome:
     """Sweep the tune grid on the live service and promote the fastest passing candidate."""
     if not cfg.host.systemd:
         raise ConfigError(
@@ -217,29 +182,28 @@ def tune_action(cfg: DeployConfig) -> ActionOutcome:
     )
     with connect(cfg.host) as host, _locked(cfg, host):
         winner = tune(cfg, host, record, _generations(cfg, host))
-    return ActionOutcome(
+    return GatedOutcome(
         summary=f"{cfg.host.name}: promoted {winner.candidate.label} "
         f"(geometric-mean speedup {winner.score or 0:.2f}).",
         validation=record,
     )
 
 
-def rollback_action(cfg: DeployConfig) -> ActionOutcome:
+def rollback_action(cfg: DeployConfig) -> RolledBackOutcome:
     """Return the configured host to its previous generation (or its linear-DFLASH one)."""
     with connect(cfg.host) as host, _locked(cfg, host):
         outcome = rollback(
             cfg, host, to_linear=cfg.rollback.to_linear, generations=_generations(cfg, host)
         )
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
-    return ActionOutcome(
+    return RolledBackOutcome(
         results=results,
         summary=f"{cfg.host.name}: {outcome.sentence()}",
-        generation=outcome.to_generation,
-        serving=outcome.summary,
+        now=HostState(generation=outcome.to_generation, summary=outcome.summary),
     )
 
 
-def status_action(cfg: DeployConfig) -> ActionOutcome:
+def status_action(cfg: DeployConfig) -> StatusOutcome:
     """Report the host's generation, algorithm, unit state, patch set, kernels and drift
     (`output=prometheus`: as the metrics of its validations, drift measured now)."""
     with connect(cfg.host) as host:
@@ -248,19 +212,19 @@ def status_action(cfg: DeployConfig) -> ActionOutcome:
         metrics = None
         if cfg.output is Output.prometheus:
             metrics = metrics_text(cfg, generations, len(status.fingerprint_drift))
-    return ActionOutcome(
+    return StatusOutcome(
         exit_code=ExitCode.DRIFT if status.drift else ExitCode.OK, status=status, metrics=metrics
     )
 
 
-def revalidate_action(cfg: DeployConfig) -> ActionOutcome:
+def revalidate_action(cfg: DeployConfig) -> GatedOutcome:
     """The watch timer's run: re-validate the running service, `watch.policy` on a failure."""
     if not cfg.host.systemd:
         raise ConfigError(
             f"action=revalidate watches a service this tool manages, and {cfg.host.name} has "
             "none (host.systemd=false); use action=validate there."
         )
-    record = ValidationRecord(cfg.host.name, f"re-validation: {algo_summary(cfg)}")
+    record = ValidationRecord(cfg.host.name, f"re-validation: {cfg.algo.summary}")
     changed: list[str] = []
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
@@ -268,7 +232,7 @@ def revalidate_action(cfg: DeployConfig) -> ActionOutcome:
         with _noted_on_failure(cfg, host, generations, changed):
             revalidate(cfg, host, record, report.facts, changed, generations)
         note_validation(cfg, host, record, generations, failed=False)
-    return ActionOutcome(summary=record.sentence, validation=record)
+    return GatedOutcome(summary=record.sentence, validation=record)
 
 
 def _generations(cfg: DeployConfig, host: ShellHost) -> GenerationStore:
@@ -314,7 +278,7 @@ def _service_step_plans(cfg: DeployConfig, host: ShellHost) -> list[PlannedStep]
     return rows + [PlannedStep(step.name, plan.status.value, plan.reason) for step, plan in plans]
 
 
-def prepare_action(cfg: DeployConfig) -> ActionOutcome:
+def prepare_action(cfg: DeployConfig) -> PrepareOutcome:
     """Build the staging host's SGLang venv on the shared layer (staging hosts only)."""
     if not cfg.host.staging:
         raise ConfigError(
@@ -330,11 +294,11 @@ def prepare_action(cfg: DeployConfig) -> ActionOutcome:
             requirements=cfg.sglang.staging_requirements,
             shared_requirements=cfg.sglang.staging_shared_requirements,
         )
-    return ActionOutcome(staging=result)
+    return PrepareOutcome(staging=result)
 
 
 def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> PlannedStep:
-    plan = KernelsStep.from_config(cfg).check(host, facts)
+    plan = KernelsStep.from_config(cfg, facts=facts).check(host)
     return PlannedStep(KernelsStep.name, plan.status.value, plan.reason)
 
 
@@ -346,17 +310,17 @@ def _patch_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> Pl
     return PlannedStep(PatchStep.name, plan.status.value, plan.reason)
 
 
-def patch_action(cfg: DeployConfig) -> ActionOutcome:
+def patch_action(cfg: DeployConfig) -> PatchStepOutcome:
     """Apply the release's patch set after preflight (action=patch); idempotent."""
     return _patch_change(cfg, reverting=False)
 
 
-def unpatch_action(cfg: DeployConfig) -> ActionOutcome:
+def unpatch_action(cfg: DeployConfig) -> PatchStepOutcome:
     """Restore RECORD-identical SGLang files after preflight (action=unpatch); idempotent."""
     return _patch_change(cfg, reverting=True)
 
 
-def audit_action(cfg: DeployConfig) -> ActionOutcome:
+def audit_action(cfg: DeployConfig) -> AuditOutcome:
     """File states, hunks and every DFLASH gate of the installed SGLang (action=audit)."""
     with connect(cfg.host) as host:
         preflight(cfg, host)
@@ -365,10 +329,10 @@ def audit_action(cfg: DeployConfig) -> ActionOutcome:
         state = HostStateStore(host, PurePosixPath(cfg.host.state_dir))
         report = audit(host, site, patch_set, state, sudo=True)
     emit("audit", passed=report.passed)
-    return ActionOutcome(exit_code=report.exit_code, audit=report)
+    return AuditOutcome(exit_code=report.exit_code, audit=report)
 
 
-def port_action(cfg: DeployConfig) -> ActionOutcome:
+def port_action(cfg: DeployConfig) -> PortOutcome:
     """Port the nearest reviewed patch set to sglang.version (action=port); touches no host."""
     if cfg.port.out and Path(cfg.port.out).exists():
         raise PortRefused(
@@ -382,10 +346,10 @@ def port_action(cfg: DeployConfig) -> ActionOutcome:
         failed=len(report.failed),
         unreviewed=len(report.unreviewed),
     )
-    return ActionOutcome(exit_code=report.exit_code, port=report)
+    return PortOutcome(exit_code=report.exit_code, port=report)
 
 
-def _patch_change(cfg: DeployConfig, *, reverting: bool) -> ActionOutcome:
+def _patch_change(cfg: DeployConfig, *, reverting: bool) -> PatchStepOutcome:
     step = PatchStep.for_release(
         cfg.sglang.version,
         sglang_python(cfg),
@@ -395,8 +359,7 @@ def _patch_change(cfg: DeployConfig, *, reverting: bool) -> ActionOutcome:
     with connect(cfg.host) as host, _locked(cfg, host):
         preflight(cfg, host)
         result = step.apply(host)
-    row = PlannedStep(step.name, result.status.value, result.detail)
-    return ActionOutcome(results=[row])
+    return PatchStepOutcome(step=PlannedStep(step.name, result.status.value, result.detail))
 
 
 # What each `action=` runs (cli dispatches on it; a fleet runs it on each host).

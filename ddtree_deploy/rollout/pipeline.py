@@ -13,7 +13,6 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import ClassVar
 
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import DeployError
@@ -31,9 +30,9 @@ from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sgla
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service.lint import LintReport, lint_unit
-from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
+from ddtree_deploy.service.render import RenderedService, render_service
 from ddtree_deploy.service.secret import Secret, load_api_key
-from ddtree_deploy.steps import PlanStatus, Step, StepPlan, StepReport, StepResult, check_steps
+from ddtree_deploy.steps import PlanStatus, Step, StepReport, check_steps
 
 
 @dataclass(frozen=True)
@@ -82,34 +81,12 @@ def patch_steps(cfg: DeployConfig) -> list[Step]:
     ]
 
 
-@dataclass(frozen=True)
-class KernelsDeployStep:
-    """Build or reuse ddtree-kernels for the host's ABI, install it, smoke-test it.
-
-    `facts`: the probe preflight judged (one probe per run: each imports torch on the host);
-    None probes when needed.
-    """
-
-    name: ClassVar[str] = KernelsStep.name
-    restarts_service: ClassVar[bool] = KernelsStep.restarts_service
-    step: KernelsStep
-    facts: HostFacts | None = None
-
-    def check(self, host: ShellHost) -> StepPlan:
-        plan = self.step.check(host, self.facts)
-        return StepPlan(plan.status, plan.reason)
-
-    def apply(self, host: ShellHost) -> StepResult:
-        result = self.step.apply(host, self.facts)
-        return StepResult(result.status, result.reason)
-
-
 def kernel_steps(
     cfg: DeployConfig, facts: HostFacts | None, generations: GenerationStore
 ) -> list[Step]:
     """The kernels step; SGLang imports the kernels only at start, so a change owes a restart.
     It keeps its record in the run's copy of the host state (`generations`)."""
-    return [KernelsDeployStep(kernels_step(cfg, facts, generations.store), facts)]
+    return [kernels_step(cfg, facts, generations.store)]
 
 
 def kernels_step(
@@ -123,15 +100,7 @@ def kernels_step(
         # An unsupported release: preflight refuses it, and there is no API to hold to.
         with contextlib.suppress(UnsupportedRelease):
             module_api = select_patch_set(facts.sglang_version).module_api()
-    return KernelsStep.from_config(cfg, module_api=module_api, store=store)
-
-
-def validation_gates(cfg: DeployConfig) -> list[Gate]:
-    """Gates for a bare `deploy()` call: none. `action=deploy` goes through
-    `rollout.validation_flow.deploy_validated`, which passes each phase's gates (polled health
-    gates, then shadow-linear or tree) as `gates=`; one that raises makes the deploy roll back.
-    """
-    return []
+    return KernelsStep.from_config(cfg, module_api=module_api, store=store, facts=facts)
 
 
 def prepare(
@@ -169,12 +138,15 @@ def deploy(
     cfg: DeployConfig,
     host: ShellHost,
     *,
-    gates: Sequence[Gate] | None = None,
+    gates: Sequence[Gate] = (),
     replace_top: bool = False,
     generations: GenerationStore | None = None,
 ) -> DeployOutcome:
     """Bring `host` to what `cfg` says; zero changed steps when it already is.
 
+    `gates`: run after the steps, before the commit; one that raises rolls the deploy back. A
+    bare call has none: `action=deploy` goes through `validation_flow.deploy_validated`, which
+    passes each phase's (polled health gates, then shadow-linear or tree).
     `generations`: the host's record as the calling action holds it (read once per action);
     a call of its own reads it afresh.
 
@@ -207,7 +179,7 @@ def deploy(
         "deploy",
         service_files(prepared.rendered),
         algo=cfg.algo.name.value,
-        summary=algo_summary(cfg),
+        summary=cfg.algo.summary,
         config_hash=config_hash(cfg),
     )
     emit("deploy.generation", generation=number)
@@ -215,7 +187,7 @@ def deploy(
     try:
         rows_applied = apply_steps(prepared.steps, host, generations, number)
         context = GateContext(cfg, host, number, prepared.rendered, api_key)
-        for gate in validation_gates(cfg) if gates is None else gates:
+        for gate in gates:
             gate(context)
         boundary("commit")
         below = [g for g in state.lineage if g != number]

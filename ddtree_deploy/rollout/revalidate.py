@@ -50,7 +50,7 @@ from ddtree_deploy.rollout.validation_flow import (
     tree_judge,
 )
 from ddtree_deploy.rollout.watch_record import record_validated
-from ddtree_deploy.service.render import algo_summary, render_service
+from ddtree_deploy.service.render import render_service
 from ddtree_deploy.service.secret import Secret, load_api_key
 from ddtree_deploy.validate.gates import Decision, GateResult, Outcome, decide, deciding_gate
 from ddtree_deploy.validate.measure import Measurement
@@ -111,13 +111,13 @@ def revalidate(
     if decide(results, cfg.validation.on_inconclusive) is not Decision.promote and stopper:
         sentence = (
             f"Re-validation gate {stopper.gate} {stopper.outcome.value} on {cfg.host.name} "
-            f"({algo_summary(cfg)}): {stopper.sentence}"
+            f"({cfg.algo.summary}): {stopper.sentence}"
         )
         raise _on_failure(cfg, host, api_key, record, sentence, generations)
     sample = len(_sample(cfg))
     record.decide(
         Decision.passed,
-        f"{cfg.host.name} still passes every gate for {algo_summary(cfg)} on {sample} "
+        f"{cfg.host.name} still passes every gate for {cfg.algo.summary} on {sample} "
         "prompt(s); nothing was restarted.",
     )
 
@@ -182,7 +182,7 @@ def _routine(
         if recorded is not None and measurement is not None:
             results.append(_acceptance_gate(cfg, recorded, measurement))
         results += judged
-    record.add("revalidate", algo_summary(cfg), number, results, measurement)
+    record.add("revalidate", cfg.algo.summary, number, results, measurement)
     for result in results:
         emit("validate.gate", phase="revalidate", **result.to_dict())
     return results
@@ -257,7 +257,7 @@ def _check_linear(
     target is left below linear DFlash)."""
     linear = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
     results = ServiceProbe(linear, host, api_key).first_gates(Expected.of(linear))
-    record.add("revalidate", algo_summary(linear), number, results)
+    record.add("revalidate", linear.algo.summary, number, results)
     stopper = deciding_gate(results)
     if stopper is not None and stopper.outcome is not Outcome.passed:
         sentence = f"Linear DFlash fails gate {stopper.gate} on {cfg.host.name}: {stopper.sentence}"

@@ -26,8 +26,8 @@ from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service import systemd
-from ddtree_deploy.service.render import algo_summary, render_service
-from ddtree_deploy.service.secret import load_api_key
+from ddtree_deploy.service.render import render_service
+from ddtree_deploy.service.secret import Secret, load_api_key
 from ddtree_deploy.steps import Step, StepReport
 
 _ALGO_ARG = re.compile(r"--speculative-algorithm\s+\"?(?P<algo>[A-Z0-9_]+)")
@@ -91,7 +91,7 @@ def rollback(
     generations = generations or GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     api_key = load_api_key(cfg.service)
     mask = api_key.mask if api_key else (lambda text: text)
-    target = _target(cfg, generations, to_linear=to_linear, to_generation=to_generation)
+    target = _target(cfg, generations, api_key, to_linear=to_linear, to_generation=to_generation)
     generations.journal(
         "rollback.begin", from_generation=target.from_generation, to_generation=target.number
     )
@@ -132,8 +132,14 @@ def rollback(
 
 
 def _target(
-    cfg: DeployConfig, generations: GenerationStore, *, to_linear: bool, to_generation: int | None
+    cfg: DeployConfig,
+    generations: GenerationStore,
+    api_key: Secret | None,
+    *,
+    to_linear: bool,
+    to_generation: int | None,
 ) -> _Target:
+    """Where the rollback goes; a linear unit it renders holds the key the rollback read."""
     state = generations.state()
     lineage = list(state.lineage)
     bottom = lineage[0] if lineage else None  # the generation that replaced the unit found before
@@ -173,14 +179,14 @@ def _target(
     if algo is not None and (algo == Algo.DFLASH.value or not to_linear):
         return _Target(None, before, [], from_generation, algo, f"the unit found before ({algo})")
     linear = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
-    rendered = render_service(linear, load_api_key(cfg.service))
+    rendered = render_service(linear, api_key)
     return _Target(
         None,
         service_files(rendered),
         [],
         from_generation,
         Algo.DFLASH.value,
-        algo_summary(linear),
+        linear.algo.summary,
     )
 
 

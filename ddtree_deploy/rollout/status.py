@@ -226,7 +226,7 @@ def _kernels_state(
     cfg: DeployConfig, facts: HostFacts, host: ShellHost, generations: GenerationStore
 ) -> str:
     """Whether the SGLang venv holds the kernels build its ABI needs (what build-kernels does)."""
-    plan = KernelsStep.from_config(cfg, store=generations.store).check(host, facts)
+    plan = KernelsStep.from_config(cfg, store=generations.store, facts=facts).check(host)
     if plan.status is PlanStatus.OK and plan.key is not None:
         return f"{plan.key.slug} installed"
     if plan.status is PlanStatus.WOULD_CHANGE:

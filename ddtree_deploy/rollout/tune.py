@@ -52,7 +52,6 @@ from ddtree_deploy.rollout.validation_flow import (
     tree_judge,
     variant,
 )
-from ddtree_deploy.service.render import algo_summary
 from ddtree_deploy.service.secret import Secret, load_api_key
 from ddtree_deploy.validate.gates import Decision, GateResult, Outcome, decide, deciding_gate
 from ddtree_deploy.validate.measure import Measurement
@@ -281,7 +280,7 @@ def tune(
         progress.finished = True
         _save_progress(cfg, host, progress)
         raise _no_winner(cfg, host, api_key, record, results, generations)
-    _serve_winner(cfg, host, generations, progress, winner, record)
+    _serve_winner(cfg, host, api_key, generations, progress, winner, record)
     progress.finished = True
     _save_progress(cfg, host, progress)
     return winner
@@ -343,13 +342,13 @@ def _judge_candidate(
     """Deploy one candidate through its gates; a failure is rolled back and recorded."""
     cand_cfg = _candidate_cfg(cfg, candidate)
     result = CandidateResult(candidate)
-    emit("validate.phase", phase=f"tune.{candidate.slug}", algo=algo_summary(cand_cfg))
+    emit("validate.phase", phase=f"tune.{candidate.slug}", algo=cand_cfg.algo.summary)
 
     def gate(ctx: GateContext) -> None:
         result.generation = ctx.generation
         probe = ServiceProbe(ctx.cfg, ctx.host, ctx.api_key)
         polled = probe.first_gates(Expected.of(ctx.cfg))
-        record.add(f"tune.{candidate.slug}", algo_summary(ctx.cfg), ctx.generation, polled)
+        record.add(f"tune.{candidate.slug}", ctx.cfg.algo.summary, ctx.generation, polled)
         if (bad := deciding_gate(polled)) is not None:
             fail_unmeasured(result, bad, cfg.tune.concurrency)
             raise GateFailed(result.sentence)
@@ -401,7 +400,7 @@ def _measure_cells(
             probe, dataclasses.replace(ctx, cfg=cell_cfg)
         )
         phase = f"tune.{candidate.slug}@c{level}"
-        record.add(phase, algo_summary(ctx.cfg), ctx.generation, gates, measurement)
+        record.add(phase, ctx.cfg.algo.summary, ctx.generation, gates, measurement)
         emit("validate.gate", phase=phase, **gates[-1].to_dict())
         return gates
 
@@ -502,6 +501,7 @@ def tune_table(
 def _serve_winner(
     cfg: DeployConfig,
     host: ShellHost,
+    api_key: Secret | None,
     generations: GenerationStore,
     progress: _Progress,
     winner: CandidateResult,
@@ -517,7 +517,7 @@ def _serve_winner(
 
         def serving(ctx: GateContext) -> None:  # judged in this sweep: the polled gates suffice
             polled = ServiceProbe(ctx.cfg, ctx.host, ctx.api_key).first_gates(Expected.of(ctx.cfg))
-            record.add("winner", algo_summary(ctx.cfg), ctx.generation, polled)
+            record.add("winner", ctx.cfg.algo.summary, ctx.generation, polled)
             if (bad := deciding_gate(polled)) is not None:
                 raise GateFailed(f"Gate {bad.gate} {bad.outcome.value}: {bad.sentence}")
 
@@ -528,12 +528,12 @@ def _serve_winner(
         except DeployError as err:
             reason = f"The winner {winner.candidate.label} did not come back: {err}"
             raise roll_back_after_failure(
-                cfg, host, load_api_key(cfg.service), record, reason, err, generations
+                cfg, host, api_key, record, reason, err, generations
             ) from err
     promote(win_cfg, host, generations, number, record)
     record.decide(
         Decision.promote,
-        f"{cfg.host.name} promoted generation {number} ({algo_summary(win_cfg)}): the best "
+        f"{cfg.host.name} promoted generation {number} ({win_cfg.algo.summary}): the best "
         f"geometric-mean speedup ({winner.score:.2f} x linear DFlash) over concurrency "
         f"{', '.join(map(str, cfg.tune.concurrency))} among the candidates that pass every gate.",
     )

@@ -31,7 +31,7 @@ from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.pipeline import DeployOutcome, GateContext, deploy
 from ddtree_deploy.rollout.rollback import rollback
-from ddtree_deploy.service.render import algo_summary, render_service
+from ddtree_deploy.service.render import render_service
 from ddtree_deploy.service.secret import Secret, load_api_key
 from ddtree_deploy.validate.errors import ValidationError
 from ddtree_deploy.validate.gates import (
@@ -100,7 +100,7 @@ def deploy_validated(
     state = generations.state()
     if state.serves(cfg):
         outcome = deploy(cfg, host, gates=[], generations=generations)
-        record.decide(Decision.unchanged, f"{cfg.host.name} already runs {algo_summary(cfg)}.")
+        record.decide(Decision.unchanged, f"{cfg.host.name} already runs {cfg.algo.summary}.")
         return outcome
     if state.in_progress is not None:
         record.notes.append(
@@ -153,7 +153,7 @@ def run_phase(
     generations: GenerationStore,
 ) -> DeployOutcome:
     """Deploy `cfg` with the polled gates plus `judge`; roll back and prove it on failure."""
-    emit("validate.phase", phase=name, algo=algo_summary(cfg))
+    emit("validate.phase", phase=name, algo=cfg.algo.summary)
     seen: list[GateResult] = []
     paused: list[GateResult] = []
 
@@ -166,7 +166,7 @@ def run_phase(
             extra, measurement = judge(probe, ctx)
             results += extra
         seen.extend(results)
-        record.add(name, algo_summary(ctx.cfg), ctx.generation, results, measurement)
+        record.add(name, ctx.cfg.algo.summary, ctx.generation, results, measurement)
         for result in results:
             emit("validate.gate", phase=name, **result.to_dict())
         decision = decide(results, cfg.validation.on_inconclusive)
@@ -174,7 +174,7 @@ def run_phase(
         if decision is Decision.rollback and stopper is not None:
             raise GateFailed(
                 f"Gate {stopper.gate} {stopper.outcome.value} on {ctx.host.name} "
-                f"({algo_summary(ctx.cfg)}): {stopper.sentence}"
+                f"({ctx.cfg.algo.summary}): {stopper.sentence}"
             )
         if decision is Decision.pause and stopper is not None:
             paused.append(stopper)
@@ -186,9 +186,9 @@ def run_phase(
         reason = str(cause).split("\n", 1)[0]
         if not seen:  # the unit never came up, so no gate ran: that is the unit gate failing
             record.add(
-                name, algo_summary(cfg), None, [GateResult("unit_active", Outcome.failed, reason)]
+                name, cfg.algo.summary, None, [GateResult("unit_active", Outcome.failed, reason)]
             )
-            reason = f"Gate unit_active failed on {host.name} ({algo_summary(cfg)}): {reason}"
+            reason = f"Gate unit_active failed on {host.name} ({cfg.algo.summary}): {reason}"
         raise roll_back_after_failure(cfg, host, api_key, record, reason, err, generations) from err
     if paused:
         stopper = paused[0]
@@ -233,7 +233,7 @@ def roll_back_after_failure(
     record.rolled_back_to = state.generation
     linear = _linear(cfg)
     proof = ServiceProbe(linear, host, api_key).first_gates(Expected.of(linear))
-    record.add("rollback_proof", algo_summary(linear), state.generation, proof)
+    record.add("rollback_proof", linear.algo.summary, state.generation, proof)
     healthy = all(r.outcome is Outcome.passed for r in proof)
     verdict = (
         "which passed the health gates"
@@ -373,7 +373,7 @@ def measure_baseline(
         probe = ServiceProbe(linear, host, api_key)
         gates = probe.first_gates(Expected.of(linear))
         if any(g.outcome is not Outcome.passed for g in gates):
-            record.add("baseline", algo_summary(linear), current, gates)
+            record.add("baseline", linear.algo.summary, current, gates)
             bad = deciding_gate(gates) or gates[-1]
             sentence = (
                 f"The linear-DFlash service on {cfg.host.name} fails gate {bad.gate} before any "
@@ -385,7 +385,7 @@ def measure_baseline(
         measured_at = _store_baseline(cfg, host, current, baseline)
         record.add(
             "baseline",
-            algo_summary(linear),
+            linear.algo.summary,
             current,
             [*gates, _baseline_result(baseline, measured_at)],
             baseline,
@@ -461,18 +461,18 @@ def validate_running(
         context = GateContext(cfg, host, number, render_service(cfg, api_key), api_key)
         extra, measurement = judge(probe, context)
         results += extra
-    record.add(phase, algo_summary(cfg), number, results, measurement)
+    record.add(phase, cfg.algo.summary, number, results, measurement)
     for result in results:
         emit("validate.gate", phase=phase, **result.to_dict())
     stopper = deciding_gate(results)
     if decide(results, cfg.validation.on_inconclusive) is not Decision.promote and stopper:
         sentence = (
             f"Gate {stopper.gate} {stopper.outcome.value} on {cfg.host.name} "
-            f"({algo_summary(cfg)}): {stopper.sentence}"
+            f"({cfg.algo.summary}): {stopper.sentence}"
         )
         record.decide(Decision.failed, sentence)
         raise ValidationFailed(sentence, record)
-    record.decide(Decision.passed, f"{cfg.host.name} passes every gate for {algo_summary(cfg)}.")
+    record.decide(Decision.passed, f"{cfg.host.name} passes every gate for {cfg.algo.summary}.")
 
 
 # -- the measured gates ---------------------------------------------------------------------------
@@ -529,7 +529,7 @@ def promote(
     record: ValidationRecord,
 ) -> None:
     """Record the passed validation beside the promoted generation `number`."""
-    sentence = f"{cfg.host.name} promoted generation {number} ({algo_summary(cfg)})."
+    sentence = f"{cfg.host.name} promoted generation {number} ({cfg.algo.summary})."
     record.decide(Decision.promote, sentence)
     path = PurePosixPath(cfg.host.state_dir) / "generations" / str(number) / "validation.json"
     host.write_atomic(path, json.dumps(record.to_dict()) + "\n", mode=0o600, sudo=True)

@@ -170,22 +170,13 @@ def speculative_args(cfg: DeployConfig) -> list[str]:
     return args
 
 
-def algo_summary(cfg: DeployConfig) -> str:
-    algo = cfg.algo
-    if algo.name is Algo.DFLASH:
-        return "linear DFLASH"
-    if algo.mode is TreeMode.shadow_linear:
-        return f"DDTREE shadow_linear, budget {algo.budget}"
-    return f"DDTREE tree, budget {algo.budget}, topk {algo.topk}"
-
-
 def render_service(cfg: DeployConfig, api_key: Secret | None) -> RenderedService:
     """Render both files; raises `jinja2` errors only for a broken template (a bug)."""
     unit_path, env_path = unit_paths(cfg)
     argv = server_argv(cfg, api_key=api_key is not None)
     unit_text = TEMPLATES.get_template("sglang.service.j2").render(
-        serves=unit_value(f"{cfg.model.name} with {algo_summary(cfg)}"),
-        description=unit_value(f"SGLang server ({cfg.model.name}, {algo_summary(cfg)})"),
+        serves=unit_value(f"{cfg.model.name} with {cfg.algo.summary}"),
+        description=unit_value(f"SGLang server ({cfg.model.name}, {cfg.algo.summary})"),
         syslog_identifier=unit_value(cfg.service.unit_name),
         user=unit_value(cfg.service.user),
         env_path=path_value(str(env_path)),

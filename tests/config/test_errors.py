@@ -10,6 +10,7 @@ from patching.trees import RELEASE_OPTIONS
 from ddtree_deploy.cli import main
 from ddtree_deploy.config import compose_config
 from ddtree_deploy.errors import ConfigError
+from ddtree_deploy.service.secret import load_api_key
 
 CASES = [
     pytest.param(
@@ -246,6 +247,76 @@ CASES += [
         id="venv-dollar",
     ),
     pytest.param(
+        ["service.unit_name=sglang.service"],
+        "service.unit_name='sglang.service' ends in .service, which the unit's file name adds; give 'sglang'.",
+        id="unit-name-suffix",
+    ),
+    pytest.param(
+        ["host.state_dir=state"],
+        "host.state_dir='state' is not an absolute path; give the folder's full path.",
+        id="state-dir-relative",
+    ),
+    pytest.param(
+        ["rollout.runs_dir=' '"],
+        "rollout.runs_dir is empty; give the folder the run folders go in (default: runs).",
+        id="runs-dir-empty",
+    ),
+    pytest.param(
+        ["host.gpu_ids=[0]"],
+        "host.gpu_ids=[0] names GPUs on a host with host.gpu_count=0; give the host's GPU count, or host.gpu_ids=[].",
+        id="gpu-ids-without-gpus",
+    ),
+    pytest.param(
+        ["service.environment={A:b}"],
+        "Config key service.environment.A is not set yet and Hydra adds a key only when asked; give it as +service.environment.A=<value>.",
+        id="dict-key-without-plus",
+    ),
+    pytest.param(
+        ["tune.budgets=4"],
+        "Config key tune.budgets takes a list; give it as tune.budgets=[a,b].",
+        id="list-given-a-word",
+    ),
+    pytest.param(
+        ["action=plan", "output=prometheus"],
+        "output=prometheus is for action=status alone; give action=plan output=table or output=json.",
+        id="prometheus-beside-plan",
+    ),
+    pytest.param(
+        ["fleet=ct", "action=status", "output=prometheus"],
+        "output=prometheus prints one host's metrics, not fleet ct's; name one host with host=, or give output=table.",
+        id="prometheus-for-a-fleet",
+    ),
+    pytest.param(
+        ["host=ct200", "watch.interval='1h;2'"],
+        "watch.interval='1h;2' is not a systemd time span above 0; give one such as 1h, 30min or 1d.",
+        id="watch-interval-not-a-span",
+    ),
+    pytest.param(
+        ["host=ct200", "watch.interval=0"],
+        "watch.interval='0' is not a systemd time span above 0; give one such as 1h, 30min or 1d.",
+        id="watch-interval-zero",
+    ),
+    pytest.param(
+        ["host=ct200", "watch.accuracy=1x"],
+        "watch.accuracy='1x' is not a systemd time span above 0; give one such as 1min or 30s.",
+        id="watch-accuracy-unit",
+    ),
+    pytest.param(
+        ["host=ct200", "watch.textfile_dir=prom"],
+        "watch.textfile_dir='prom' is not an absolute path; give the folder's full path.",
+        id="watch-textfile-relative",
+    ),
+    pytest.param(
+        ["model.name=${nowhere}"],
+        "Config key model.name cannot be resolved (Interpolation key 'nowhere' not found); give a plain value or a ${...} that names a key of the config or a set environment variable.",
+        id="interpolation-unresolved",
+    ),
+    pytest.param(
+        ["deploy"],
+        "'deploy' is not an override: give each setting as key=value, e.g. action=deploy.",
+        id="bare-action-word",
+    ),
+    pytest.param(
         ["model.name='a\tb'"],
         "model.name holds the control character U+0009, which could add a line to a unit, an environment file or a command; give it on one line without control characters.",
         id="control-character",
@@ -276,3 +347,26 @@ def test_command_refuses_a_host_name_that_cannot_name_a_folder(
     assert lines[0].startswith("error: host.name=") and lines[0].endswith(HOST_NAME_RULE)
     assert len(lines[0]) < 300  # a long name is cut short
     assert not runs.exists()
+
+
+def test_api_key_file_open_to_others_is_refused(tmp_path: Path) -> None:
+    """The key reaches the host only in a 0600 file; a key file on this machine that its group
+    or others can read is refused before anything runs, as ssh refuses such a private key."""
+    key = tmp_path / "api-key"
+    key.write_text("sk-test\n")
+    key.chmod(0o640)
+    cfg = compose_config(["host=ct200", f"service.api_key_file={key}"])
+    with pytest.raises(ConfigError) as caught:
+        load_api_key(cfg.service)
+    assert str(caught.value) == (
+        f"The API key file {key} (service.api_key_file) is open to its group or others "
+        f"(mode 0640); make it private: chmod 600 {key}."
+    )
+    key.chmod(0o600)
+    assert load_api_key(cfg.service).reveal() == "sk-test"
+
+
+@pytest.mark.parametrize("span", ["1h", "90", "1h 30min", "1.5h", "4s", "2 weeks", "500ms"])
+def test_watch_interval_takes_systemd_time_spans(span: str) -> None:
+    """The forms systemd.time(7) gives for a time span pass as the timer's interval."""
+    assert compose_config(["host=ct200", f"watch.interval='{span}'"]).watch.interval == span

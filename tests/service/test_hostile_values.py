@@ -28,7 +28,7 @@ from ddtree_deploy.config import compose_config
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.service.lint import lint_unit
-from ddtree_deploy.service.render import RenderedService, algo_summary, render_service
+from ddtree_deploy.service.render import RenderedService, render_service
 
 # Settings that must hold an absolute path (their markers are one).
 ABSOLUTE_PATHS = ("host.sglang_venv", "service.unit_dir", "service.env_dir")
@@ -127,7 +127,7 @@ KEYS = _reaching_keys()
 def _intended(cfg: DeployConfig, rendered: RenderedService) -> dict[str, str]:
     """The values the unit's configured directives must read back as."""
     return {
-        "Description": f"SGLang server ({cfg.model.name}, {algo_summary(cfg)})",
+        "Description": f"SGLang server ({cfg.model.name}, {cfg.algo.summary})",
         "User": cfg.service.user,
         "EnvironmentFile": str(rendered.env_path),
         "SyslogIdentifier": cfg.service.unit_name,

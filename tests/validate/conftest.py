@@ -183,6 +183,7 @@ class StandinLab:
 def key_file(tmp_path: Path) -> Path:
     path = tmp_path / "api-key"
     path.write_text(API_KEY + "\n")
+    path.chmod(0o600)  # load_api_key refuses a key file its group or others can read
     return path
 
 
