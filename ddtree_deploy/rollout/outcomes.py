@@ -119,28 +119,19 @@ class GatedOutcome(ActionOutcome):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeployedOutcome(ActionOutcome):
-    """action=deploy: preflight, lint, what each step did, the gates' record, and the
-    generation it left current."""
+class DeployedOutcome(GatedOutcome):
+    """action=deploy: a gated outcome with the preflight, lint, what each step did, and the
+    generation it left current (its own renderer draws them: tests/report/test_outcomes.py
+    holds every type to a renderer of its own, not its parent's)."""
 
     preflight: PreflightReport
     lint: LintReport
     results: list[PlannedStep]
-    summary: str
-    validation: ValidationRecord
     now: HostState
 
     @property
     def changed(self) -> bool:
-        return _gates_changed(self.validation) or _any_changed(self.results)
-
-    @property
-    def recap(self) -> str:
-        return self.summary
-
-    @property
-    def record(self) -> ValidationRecord:
-        return self.validation
+        return super().changed or _any_changed(self.results)
 
     @property
     def serving(self) -> HostState:

@@ -70,10 +70,11 @@ def load_api_key(service: ServiceConfig) -> Secret | None:
             ) from err
         if not value:
             raise ConfigError(f"The API key file {path} (service.api_key_file) is empty.")
-        if path.stat().st_mode & 0o077:  # as ssh treats a private key
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:  # as ssh treats a private key
             raise ConfigError(
                 f"The API key file {path} (service.api_key_file) is open to its group or others "
-                f"(mode {path.stat().st_mode & 0o777:04o}); make it private: chmod 600 {path}."
+                f"(mode {mode:04o}); make it private: chmod 600 {path}."
             )
         return _checked(value, str(path))
     return None
