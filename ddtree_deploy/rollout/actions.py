@@ -21,7 +21,6 @@ from ddtree_deploy.hosts.staging import prepare_staging_venv
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching.audit import audit
-from ddtree_deploy.patching.manifest import select_patch_set
 from ddtree_deploy.patching.port import PortRefused, port_patch_set
 from ddtree_deploy.patching.step import PatchStep, locate_site_packages
 from ddtree_deploy.rollout.generations import GenerationStore, HostState
@@ -42,7 +41,7 @@ from ddtree_deploy.rollout.outcomes import (
     StatusOutcome,
 )
 from ddtree_deploy.rollout.pipeline import kernels_step, preflight, prepare
-from ddtree_deploy.rollout.preflight import run_preflight, sglang_python
+from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.revalidate import revalidate
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import host_status, installed_patch_step
@@ -88,7 +87,7 @@ def plan_action(cfg: DeployConfig) -> PlanOutcome:
         emit("preflight", refusals=report.refusals)
         steps = [
             _patch_step_plan(cfg, facts, host),
-            _kernels_step_plan(cfg, facts, host),
+            _kernels_step_plan(cfg, report, host),
             *_service_step_plans(cfg, host),
         ]
     return PlanOutcome(
@@ -105,7 +104,7 @@ def build_kernels_action(cfg: DeployConfig) -> KernelsOutcome:
         report = run_preflight(cfg, facts)
         emit("preflight", refusals=report.refusals)
         report.raise_if_refused()
-        result = kernels_step(cfg, facts).apply(host)
+        result = kernels_step(cfg, report).apply(host)
     return KernelsOutcome(preflight=report, kernels=result)
 
 
@@ -270,10 +269,9 @@ def _noted_on_failure(
 def _service_step_plans(cfg: DeployConfig, host: ShellHost) -> list[PlannedStep]:
     if not cfg.host.systemd:
         return [PlannedStep("unit", "staging", "rendered and linted only (host.systemd=false)")]
-    prepared = prepare(cfg, _generations(cfg, host), load_api_key(cfg.service))
     # The patch and kernels rows come first, from the probe already made; not checked twice.
-    service = [s for s in prepared.steps if s.name not in (PatchStep.name, KernelsStep.name)]
-    plans = check_steps(service, host)
+    prepared = prepare(cfg, _generations(cfg, host), load_api_key(cfg.service))
+    plans = check_steps(prepared.service, host)
     rows = [PlannedStep("lint", "ok" if prepared.lint.ok else "failed", prepared.lint.summary())]
     return rows + [PlannedStep(step.name, plan.status.value, plan.reason) for step, plan in plans]
 
@@ -297,8 +295,8 @@ def prepare_action(cfg: DeployConfig) -> PrepareOutcome:
     return PrepareOutcome(staging=result)
 
 
-def _kernels_step_plan(cfg: DeployConfig, facts: HostFacts, host: ShellHost) -> PlannedStep:
-    plan = KernelsStep.from_config(cfg, facts=facts).check(host)
+def _kernels_step_plan(cfg: DeployConfig, report: PreflightReport, host: ShellHost) -> PlannedStep:
+    plan = kernels_step(cfg, report).check(host)
     return PlannedStep(KernelsStep.name, plan.status.value, plan.reason)
 
 
@@ -323,8 +321,8 @@ def unpatch_action(cfg: DeployConfig) -> PatchStepOutcome:
 def audit_action(cfg: DeployConfig) -> AuditOutcome:
     """File states, hunks and every DFLASH gate of the installed SGLang (action=audit)."""
     with connect(cfg.host) as host:
-        preflight(cfg, host)
-        patch_set = select_patch_set(cfg.sglang.version)
+        patch_set = preflight(cfg, host).patch_set
+        assert patch_set is not None, "preflight refuses a host whose release has no set"
         site = locate_site_packages(host, sglang_python(cfg), patch_set.package)
         state = HostStateStore(host, PurePosixPath(cfg.host.state_dir))
         report = audit(host, site, patch_set, state, sudo=True)

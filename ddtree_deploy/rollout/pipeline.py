@@ -9,7 +9,6 @@ after the host changed rolls back to the previous generation (`rollout.rollback_
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -18,10 +17,9 @@ from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.hosts.facts import HostFacts, probe_facts
+from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsStep
-from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
@@ -56,7 +54,12 @@ class Prepared:
     rendered: RenderedService
     lint: LintReport
     api_key: Secret | None
-    steps: tuple[Step, ...]
+    software: tuple[Step, ...]  # patch and kernels: a staging host gets these too
+    service: tuple[Step, ...]  # the unit's files and what makes systemd run them
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return (*self.software, *self.service)
 
     def mask(self, text: str) -> str:
         return self.api_key.mask(text) if self.api_key else text
@@ -72,58 +75,48 @@ class DeployOutcome:
     lint: LintReport
 
 
-def patch_steps(cfg: DeployConfig) -> list[Step]:
-    """The patch step for the configured release (preflight checked it is the installed one)."""
-    return [
-        PatchStep.for_release(
-            cfg.sglang.version, sglang_python(cfg), PurePosixPath(cfg.host.state_dir)
-        )
-    ]
+def software_steps(
+    cfg: DeployConfig, report: PreflightReport, store: HostStateStore | None = None
+) -> tuple[Step, ...]:
+    """The patch and kernels steps for the set preflight found for the installed release.
 
-
-def kernel_steps(
-    cfg: DeployConfig, facts: HostFacts | None, generations: GenerationStore
-) -> list[Step]:
-    """The kernels step; SGLang imports the kernels only at start, so a change owes a restart.
-    It keeps its record in the run's copy of the host state (`generations`)."""
-    return [kernels_step(cfg, facts, generations.store)]
+    The kernels step is held to the `ddtree_kernels.sglang` API that set calls, so its smoke
+    test refuses kernels of another API before they install; SGLang imports both only at
+    start, so a change owes a restart. `store`: the run's host state, when it has read it (see
+    `KernelsStep.store`)."""
+    report.raise_if_refused()
+    assert report.patch_set is not None, "preflight refuses a host whose release has no set"
+    patch = PatchStep(report.patch_set, sglang_python(cfg), PurePosixPath(cfg.host.state_dir))
+    return patch, kernels_step(cfg, report, store)
 
 
 def kernels_step(
-    cfg: DeployConfig, facts: HostFacts | None, store: HostStateStore | None = None
+    cfg: DeployConfig, report: PreflightReport, store: HostStateStore | None = None
 ) -> KernelsStep:
-    """The kernels step held to the `ddtree_kernels.sglang` API that the patch set for the
-    host's SGLang calls: its smoke test refuses kernels of another API before they install.
-    `store`: the run's host state, when it has read it (see `KernelsStep.store`)."""
-    module_api = None
-    if facts is not None and facts.sglang_version is not None:
-        # An unsupported release: preflight refuses it, and there is no API to hold to.
-        with contextlib.suppress(UnsupportedRelease):
-            module_api = select_patch_set(facts.sglang_version).module_api()
-    return KernelsStep.from_config(cfg, module_api=module_api, store=store, facts=facts)
+    """The kernels step, held to the module API of the set preflight found (none when it
+    found none: preflight refuses that host)."""
+    module_api = report.patch_set.module_api() if report.patch_set else None
+    return KernelsStep.from_config(cfg, module_api=module_api, store=store, facts=report.facts)
 
 
 def prepare(
     cfg: DeployConfig,
     generations: GenerationStore,
     api_key: Secret | None,
-    facts: HostFacts | None = None,
+    report: PreflightReport | None = None,
 ) -> Prepared:
     """Render and lint the service for `cfg` and build the steps that install it on the host
     of `generations` (the run's record of it).
 
-    `facts`: the host's probe when the caller has one (see `KernelsDeployStep`)."""
+    `report`: the run's preflight, which the patch and kernels steps come from; without one
+    (action=plan's service rows) only the service steps are built."""
     rendered = render_service(cfg, api_key)
     lint = lint_unit(rendered, cfg.service.max_exposure)
     emit("service.lint", unit=lint.unit, ok=lint.ok, summary=lint.summary())
-    files = service_files(rendered)
     mask = api_key.mask if api_key else _identity
-    steps: list[Step] = [
-        *patch_steps(cfg),
-        *kernel_steps(cfg, facts, generations),
-        *service_steps(cfg, files, generations, mask),
-    ]
-    return Prepared(rendered, lint, api_key, tuple(steps))
+    software = software_steps(cfg, report, generations.store) if report else ()
+    service = service_steps(cfg, service_files(rendered), generations, mask)
+    return Prepared(rendered, lint, api_key, software, tuple(service))
 
 
 def preflight(cfg: DeployConfig, host: ShellHost) -> PreflightReport:
@@ -160,12 +153,10 @@ def deploy(
     boundary("preflight")
     api_key = load_api_key(cfg.service)
     generations = generations or GenerationStore(host, PurePosixPath(cfg.host.state_dir))
-    prepared = prepare(cfg, generations, api_key, report.facts)
+    prepared = prepare(cfg, generations, api_key, report)
     prepared.lint.raise_if_failed()
     if not cfg.host.systemd:  # staging: SGLang is patched and kernels installed for real
-        staged = _deploy_staged(
-            generations, host, [*patch_steps(cfg), *kernel_steps(cfg, report.facts, generations)]
-        )
+        staged = _deploy_staged(generations, host, prepared.software)
         changed = sum(r.status == "changed" for r in staged)
         return DeployOutcome(cfg.host.name, None, changed, tuple(staged), report, prepared.lint)
     plans = check_steps(prepared.steps, host)
@@ -231,7 +222,7 @@ def _rolled_back(
 
 
 def _deploy_staged(
-    generations: GenerationStore, host: ShellHost, steps: list[Step]
+    generations: GenerationStore, host: ShellHost, steps: Sequence[Step]
 ) -> list[StepReport]:
     """Apply `steps` outside any generation (a host without a managed service keeps none),
     marked on the host while they run, so `status` tells a run that stopped between them."""

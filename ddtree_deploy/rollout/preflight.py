@@ -15,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.errors import PreflightRefused
 from ddtree_deploy.hosts.facts import HostFacts
-from ddtree_deploy.patching.manifest import UnsupportedRelease, select_patch_set
+from ddtree_deploy.patching.manifest import PatchSet, UnsupportedRelease, select_patch_set
 
 
 class Verdict(StrEnum):
@@ -40,6 +40,9 @@ class PreflightReport:
     host: str
     checks: tuple[Check, ...]
     facts: HostFacts  # what was judged; the deploy's later steps use it instead of probing again
+    # The set serving the installed release, when there is one: the patch and kernels steps
+    # take it from here rather than looking it up again.
+    patch_set: PatchSet | None = None
 
     @property
     def refusals(self) -> list[str]:
@@ -62,13 +65,15 @@ def sglang_python(cfg: DeployConfig) -> PurePosixPath:
 def run_preflight(cfg: DeployConfig, facts: HostFacts) -> PreflightReport:
     """Compare `facts` with `cfg`; pure, so it is tested on recorded facts."""
     checks: list[Check] = [_python_check(cfg, facts)]
+    patch_set = None
     if facts.python_version is not None:
         checks.append(_torch_check(cfg, facts))
         if facts.torch_version is not None:
             checks.append(_cxx11_check(cfg, facts))
-        checks.append(_sglang_check(cfg, facts))
+        sglang, patch_set = _sglang_check(cfg, facts)
+        checks.append(sglang)
     checks += [_gpu_check(cfg, facts), _init_check(cfg, facts)]
-    return PreflightReport(cfg.host.name, tuple(checks), facts)
+    return PreflightReport(cfg.host.name, tuple(checks), facts, patch_set)
 
 
 def _python_check(cfg: DeployConfig, facts: HostFacts) -> Check:
@@ -143,10 +148,11 @@ def _cxx11_check(cfg: DeployConfig, facts: HostFacts) -> Check:
     return Check("cxx11 ABI", wanted, actual, Verdict.ok)
 
 
-def _sglang_check(cfg: DeployConfig, facts: HostFacts) -> Check:
+def _sglang_check(cfg: DeployConfig, facts: HostFacts) -> tuple[Check, PatchSet | None]:
+    """The sglang row, and the set serving the installed release when it is the one asked for."""
     wanted = f"sglang {cfg.sglang.version} with a patch set"
     if facts.sglang_version is None:
-        return Check(
+        missing = Check(
             "sglang",
             wanted,
             "missing",
@@ -154,9 +160,10 @@ def _sglang_check(cfg: DeployConfig, facts: HostFacts) -> Check:
             f"SGLang is not installed in {facts.python_path} on {facts.host}; "
             f"install sglang=={cfg.sglang.version} there.",
         )
+        return missing, None
     actual = f"sglang {facts.sglang_version}"
     if not _same_version(facts.sglang_version, cfg.sglang.version):
-        return Check(
+        other = Check(
             "sglang",
             wanted,
             actual,
@@ -164,11 +171,12 @@ def _sglang_check(cfg: DeployConfig, facts: HostFacts) -> Check:
             f"{facts.host} runs SGLang {facts.sglang_version} but sglang.version="
             f"{cfg.sglang.version}; pin the release the host runs.",
         )
+        return other, None
     try:
         patch_set = select_patch_set(facts.sglang_version)
     except UnsupportedRelease as err:
-        return Check("sglang", wanted, actual, Verdict.mismatch, str(err))
-    return Check("sglang", wanted, f"{actual} (patch set {patch_set.name})", Verdict.ok)
+        return Check("sglang", wanted, actual, Verdict.mismatch, str(err)), None
+    return Check("sglang", wanted, f"{actual} (patch set {patch_set.name})", Verdict.ok), patch_set
 
 
 def _gpu_check(cfg: DeployConfig, facts: HostFacts) -> Check:

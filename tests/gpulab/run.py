@@ -1049,6 +1049,9 @@ def main() -> int:
     for key, example in (("budgets", "15,31,63"), ("topks", "4"), ("concurrency", "1,8,32")):
         parser.add_argument(f"--tune-{key}", metavar="LIST",
                             help=f"with --tune: tune.{key} instead of conf/tune's, e.g. {example}")  # fmt: skip
+    parser.add_argument("--tune-wave", type=int, metavar="N",
+                        help="with --tune: candidates served at once instead of the size's (1 "
+                        "for the 27B shape on an 80 GB card)")  # fmt: skip
     parser.add_argument(
         "--together", default="", help="targets whose cells are served at once, e.g. attention"
     )
@@ -1073,6 +1076,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     release = json.loads((args.bundle / "MANIFEST.json").read_text())["release"]
     lab = Lab(args.root, args.out, release, args.size)
+    if args.tune_wave is not None:
+        lab.size = replace(lab.size, tune_wave=args.tune_wave)
     lab.toy = args.toy
     if args.api_key:
         lab.require_api_key()
@@ -1148,6 +1153,10 @@ def check_flags(
               f"{' or '.join(INFLATED)}")  # fmt: skip
     if args.no_batch_1 and not overhead_levels(args.in_flight, batch_1=False):
         error("--no-batch-1 leaves no level: name some with --in-flight, e.g. 32")
+    if args.tune_wave is not None and not args.tune:
+        error("--tune-wave is an option of the tune sweep: add --tune")
+    if args.tune_wave is not None and args.tune_wave < 1:
+        error(f"--tune-wave {args.tune_wave} serves no candidate: give 1 or more")
     for key in TUNE_GRID:
         option = getattr(args, f"tune_{key}")
         if option is not None and not args.tune:

@@ -623,7 +623,9 @@ def test_no_batch_1_without_another_level_is_refused_in_one_sentence(
      (["--tune-budgets", "15,31"], "error: --tune-budgets is an option of the tune sweep: add --tune"),
      (["--tune", "--tune-concurrency", "1,eight"],
       "error: --tune-concurrency '1,eight' is not a list of positive integers"),
-     (["--tune", "--tune-topks", "0"], "error: --tune-topks '0' is not a list of positive integers")],
+     (["--tune", "--tune-topks", "0"], "error: --tune-topks '0' is not a list of positive integers"),
+     (["--tune-wave", "1"], "error: --tune-wave is an option of the tune sweep: add --tune"),
+     (["--tune", "--tune-wave", "0"], "error: --tune-wave 0 serves no candidate: give 1 or more")],
 )  # fmt: skip
 def test_targets_and_tune_grids_the_run_cannot_serve_are_refused_in_one_sentence(
     argv: list[str],
@@ -665,6 +667,31 @@ def test_the_tune_grid_flags_become_the_products_own_grid(tmp_path: Path) -> Non
                           "action=tune", *overrides])  # fmt: skip
     assert tune_lab.grid(cfg) == {"candidates": [[15, 4], [31, 4], [63, 4]],
                                   "concurrency": [1, 32]}  # fmt: skip
+
+
+def test_tune_wave_replaces_the_sizes_wave_for_the_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 27B shape serves two candidates at once on the H200; an 80 GB card holds one."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "MANIFEST.json").write_text(json.dumps({"release": "0.5.11"}))
+    waves: list[int] = []
+
+    def install(lab: run.Lab, bundle: Path, *, reuse: bool) -> bool:
+        waves.append(lab.size.tune_wave)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(run.Lab, "install", install)
+    for extra in ([], ["--tune-wave", "1"]):
+        argv = ["run.py", "--bundle", str(bundle), "--out", str(tmp_path / "out"),
+                "--root", str(tmp_path / "root"), "--size", "trained-27b", "--targets",
+                "attention", "--tune", *extra]  # fmt: skip
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit):
+            run.main()
+    assert waves == [2, 1]
+    assert run.SIZES["trained-27b"].tune_wave == 2  # the size itself is left as it was
 
 
 @pytest.mark.parametrize(("size", "wave"), [("trained", 6), ("trained-8b", 3), ("trained-27b", 2)])

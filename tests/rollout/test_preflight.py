@@ -9,7 +9,9 @@ import pytest
 from ddtree_deploy.config import DeployConfig, compose_config
 from ddtree_deploy.errors import PreflightRefused
 from ddtree_deploy.hosts.facts import HostFacts, parse_probe_output
-from ddtree_deploy.rollout.pipeline import kernels_step
+from ddtree_deploy.kernel_build import KernelsStep
+from ddtree_deploy.patching.step import PatchStep
+from ddtree_deploy.rollout.pipeline import kernels_step, software_steps
 from ddtree_deploy.rollout.preflight import Verdict, run_preflight
 
 GPU_LINE = "{i}, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 97887, 580.95.05"
@@ -149,13 +151,21 @@ def test_preflight_marks_staging_host_gpu_and_init_as_staging() -> None:
     assert verdicts["gpus"] is Verdict.staging and verdicts["init"] is Verdict.staging
 
 
-def test_the_kernels_step_holds_to_the_api_of_the_hosts_patch_set(ct200: DeployConfig) -> None:
+def test_the_patch_and_kernels_steps_come_from_the_set_preflight_found(ct200: DeployConfig) -> None:
+    """Preflight looks the set up once; the kernels step holds to that set's module API, and
+    a report without a set (its release has none) refuses before any step is built."""
     from ddtree_kernels.sglang import API_VERSION
 
-    def facts(version: str | None) -> HostFacts:
-        return HostFacts(host="ct200", python_path="/opt/sglang/bin/python", sglang_version=version)
+    found = run_preflight(ct200, ct_facts(torch="2.11.0+cu128", cuda="12.8"))
+    assert found.patch_set is not None and found.patch_set.name == "0.5.11"
+    patch, kernels = software_steps(ct200, found)
+    assert isinstance(patch, PatchStep) and patch.patch_set is found.patch_set
+    assert isinstance(kernels, KernelsStep) and kernels.module_api == API_VERSION
 
-    assert kernels_step(ct200, facts("0.5.14")).module_api == API_VERSION  # a thin set
-    assert kernels_step(ct200, facts("0.4.0")).module_api is None  # preflight refuses it
-    assert kernels_step(ct200, facts(None)).module_api is None
-    assert kernels_step(ct200, None).module_api is None
+    output = ct_probe_output(torch="2.11.0+cu128", cuda="12.8").replace('"0.5.11"', '"0.5.2"')
+    cfg = compose_config(["host=ct200", "algo=ddtree_shadow", "sglang.version=0.5.2"])
+    unsupported = run_preflight(cfg, parse_probe_output("ct200", "/p", output))
+    assert unsupported.patch_set is None
+    assert kernels_step(cfg, unsupported).module_api is None
+    with pytest.raises(PreflightRefused, match="has no patch set"):
+        software_steps(cfg, unsupported)
