@@ -42,3 +42,26 @@ def test_a_divergence_or_a_dead_server_is_never_promoted(tmp_path: Path) -> None
     assert "out of memory" in table["candidates"][1]["sentence"]
     assert "wrote no report" in table["candidates"][3]["sentence"]
     assert "Promoted: **b15k4**" in markdown
+
+
+def test_the_recorded_27b_sweep_keeps_linear_dflash_for_8_in_flight_and_picks_b63_for_batch_1(
+    tmp_path: Path,
+) -> None:
+    """GPU lab run 24 (H100, the trained pair grown to a 27B shape): budgets 31 and 63 pass the
+    tie gate and run 1.23x and 1.30x linear DFlash at batch 1, but tie it at 8 in flight. Tuned
+    for a host serving both loads, the product promotes nothing and linear DFlash stays; tuned
+    for batch 1 alone, it promotes the faster tree."""
+    sweep = json.loads((RECORDED / "run24-0.5.11-h100-trained-27b-tune.json").read_text())
+    inflated = ["host=h200_lab", "service=lab_inflated", "model=lab_attention_trained_27b",
+                "validation=lab", "action=tune", "tune.budgets=[31,63]", "tune.topks=[4]"]  # fmt: skip
+    both = report(compose_config([*inflated, "tune.concurrency=[1,8]"]), sweep, tmp_path / "both")
+    assert "Promoted: **none**" in both
+    assert "below validation.min_speedup=1.05" in both
+    batch_1 = report(compose_config([*inflated, "tune.concurrency=[1]"]), sweep, tmp_path / "one")
+    table = json.loads((tmp_path / "one" / "report.json").read_text())["tune"]
+    assert table["winner"] == "b63k4"
+    assert {c["candidate"]: c["verdict"] for c in table["candidates"]} == {
+        "b31k4": "passed",
+        "b63k4": "passed",
+    }
+    assert "Promoted: **b63k4**" in batch_1
