@@ -25,6 +25,7 @@ from ddtree_deploy.hosts.lock import HostBusy, host_lock
 from ddtree_deploy.rollout.generations import GenerationStore, HostState
 from ddtree_deploy.rollout.outcomes import ActionRun
 from ddtree_deploy.rollout.rollback import rollback
+from ddtree_deploy.service.secret import load_api_key
 from ddtree_deploy.validate.record import ValidationRecord
 
 # Actions that change a host: the generation it had before is journaled (rollback_all).
@@ -161,7 +162,11 @@ class ActionDriver:
                         algo=state.summary or "",
                     )
                 outcome = rollback(
-                    cfg, host, to_generation=generation or 0, generations=generations
+                    cfg,
+                    host,
+                    api_key=load_api_key(cfg.service),
+                    to_generation=generation or 0,
+                    generations=generations,
                 )
         except DeployError as err:
             emit("run.failed", error=str(err), kind=type(err).__name__)

@@ -121,10 +121,11 @@ def render_action(cfg: DeployConfig) -> RenderOutcome:
 def deploy_action(cfg: DeployConfig) -> DeployedOutcome:
     """Run the deploy pipeline on the configured host, through the validation gates."""
     record = ValidationRecord(cfg.host.name, cfg.algo.summary)
+    api_key = load_api_key(cfg.service)  # once: the unit and the gates hold the same key
     with connect(cfg.host) as host, _locked(cfg, host):
         generations = _generations(cfg, host)
         with _noted_on_failure(cfg, host, generations):
-            outcome = deploy_validated(cfg, host, record, generations)
+            outcome = deploy_validated(cfg, host, api_key, record, generations)
         watched = None
         if record.decision is Decision.promote:
             record_validated(cfg, host, outcome.preflight.facts, generations)
@@ -155,11 +156,12 @@ def validate_action(cfg: DeployConfig) -> GatedOutcome:
             "host where none runs; point it at a host that serves (host.staging=false)."
         )
     record = ValidationRecord(cfg.host.name, cfg.algo.summary)
+    api_key = load_api_key(cfg.service)
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
         generations = _generations(cfg, host)
         with _noted_on_failure(cfg, host, generations):
-            validate_running(cfg, host, record, generations)
+            validate_running(cfg, host, api_key, record, generations)
         record_validated(cfg, host, report.facts, generations)
         note_validation(cfg, host, record, generations, failed=False)
     return GatedOutcome(summary=record.sentence, validation=record)
@@ -190,9 +192,14 @@ def tune_action(cfg: DeployConfig) -> GatedOutcome:
 
 def rollback_action(cfg: DeployConfig) -> RolledBackOutcome:
     """Return the configured host to its previous generation (or its linear-DFLASH one)."""
+    api_key = load_api_key(cfg.service)
     with connect(cfg.host) as host, _locked(cfg, host):
         outcome = rollback(
-            cfg, host, to_linear=cfg.rollback.to_linear, generations=_generations(cfg, host)
+            cfg,
+            host,
+            api_key=api_key,
+            to_linear=cfg.rollback.to_linear,
+            generations=_generations(cfg, host),
         )
     results = [PlannedStep(r.name, r.status, r.detail) for r in outcome.steps]
     return RolledBackOutcome(

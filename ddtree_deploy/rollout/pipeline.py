@@ -29,7 +29,7 @@ from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service.lint import LintReport, lint_unit
 from ddtree_deploy.service.render import RenderedService, render_service
-from ddtree_deploy.service.secret import Secret, load_api_key
+from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.steps import PlanStatus, Step, StepReport, check_steps
 
 
@@ -131,12 +131,15 @@ def deploy(
     cfg: DeployConfig,
     host: ShellHost,
     *,
+    api_key: Secret | None,
     gates: Sequence[Gate] = (),
     replace_top: bool = False,
     generations: GenerationStore | None = None,
 ) -> DeployOutcome:
     """Bring `host` to what `cfg` says; zero changed steps when it already is.
 
+    `api_key`: the key the calling action read once (`load_api_key`), so the unit and the
+    gates of one run never hold two different keys.
     `gates`: run after the steps, before the commit; one that raises rolls the deploy back. A
     bare call has none: `action=deploy` goes through `validation_flow.deploy_validated`, which
     passes each phase's (polled health gates, then shadow-linear or tree).
@@ -151,7 +154,6 @@ def deploy(
     """
     report = preflight(cfg, host)
     boundary("preflight")
-    api_key = load_api_key(cfg.service)
     generations = generations or GenerationStore(host, PurePosixPath(cfg.host.state_dir))
     prepared = prepare(cfg, generations, api_key, report)
     prepared.lint.raise_if_failed()
@@ -189,7 +191,7 @@ def deploy(
     except DeployError as err:
         if not cfg.rollout.rollback_on_failure:
             raise
-        raise _rolled_back(cfg, host, generations, err) from err
+        raise _rolled_back(cfg, host, api_key, generations, err) from err
     emit("deploy.committed", generation=number)
     changed = sum(r.status == "changed" for r in rows_applied)
     return DeployOutcome(cfg.host.name, number, changed, tuple(rows_applied), report, prepared.lint)
@@ -200,11 +202,15 @@ class DeployRolledBack(DeployError):
 
 
 def _rolled_back(
-    cfg: DeployConfig, host: ShellHost, generations: GenerationStore, err: DeployError
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    generations: GenerationStore,
+    err: DeployError,
 ) -> DeployError:
     emit("deploy.failed", error=str(err), kind=type(err).__name__)
     try:
-        outcome = rollback(cfg, host, generations=generations)
+        outcome = rollback(cfg, host, api_key=api_key, generations=generations)
     except DeployError as rollback_err:
         failed = DeployRolledBack(
             f"{err} Rolling back failed too: {rollback_err}",

@@ -102,8 +102,8 @@ def revalidate(
         record.notes.append(stale)
     if changed or stale:
         emit("watch.full", changed=changed, stale_baseline=stale)
-        rollback(cfg, host, to_linear=True, generations=generations)
-        deploy_validated(cfg, host, record, generations)
+        rollback(cfg, host, api_key=api_key, to_linear=True, generations=generations)
+        deploy_validated(cfg, host, api_key, record, generations)
         record_validated(cfg, host, facts, generations)
         return
     results = _routine(cfg, host, api_key, found, state.generation, record)

@@ -27,7 +27,7 @@ from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import render_service
-from ddtree_deploy.service.secret import Secret, load_api_key
+from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.steps import Step, StepReport
 
 _ALGO_ARG = re.compile(r"--speculative-algorithm\s+\"?(?P<algo>[A-Z0-9_]+)")
@@ -71,6 +71,7 @@ def rollback(
     cfg: DeployConfig,
     host: ShellHost,
     *,
+    api_key: Secret | None,
     to_linear: bool = False,
     to_generation: int | None = None,
     generations: GenerationStore | None = None,
@@ -86,10 +87,10 @@ def rollback(
     first, whatever `to_linear` or `to_generation` say.
     Raises `NothingToRollBack` for a host without generations, `UnitFailedToStart` (with the
     journal) when the target does not come up either. `generations`: the host's record as the
-    calling action holds it; a call of its own reads it afresh.
+    calling action holds it; a call of its own reads it afresh. `api_key`: the key the calling
+    action read once, which the rendered unit takes.
     """
     generations = generations or GenerationStore(host, PurePosixPath(cfg.host.state_dir))
-    api_key = load_api_key(cfg.service)
     mask = api_key.mask if api_key else (lambda text: text)
     target = _target(cfg, generations, api_key, to_linear=to_linear, to_generation=to_generation)
     generations.journal(

@@ -233,7 +233,7 @@ def tune(
     """
     api_key = load_api_key(cfg.service)
     key = sweep_key(cfg)
-    progress = _resume_or_start(cfg, host, generations, key, record)
+    progress = _resume_or_start(cfg, host, api_key, generations, key, record)
     levels = list(cfg.tune.concurrency)
     grid = candidates(cfg)
     emit("tune.start", total=len(grid), concurrency=levels, resumed=bool(progress.results))
@@ -289,6 +289,7 @@ def tune(
 def _resume_or_start(
     cfg: DeployConfig,
     host: ShellHost,
+    api_key: Secret | None,
     generations: GenerationStore,
     key: str,
     record: ValidationRecord,
@@ -301,7 +302,7 @@ def _resume_or_start(
             f"Generation {state.in_progress.generation} was left in progress by a killed "
             "run, unjudged; it was rolled back before the sweep went on."
         )
-        rollback(cfg, host, generations=generations)
+        rollback(cfg, host, api_key=api_key, generations=generations)
         state = generations.state()
     if stored is not None and stored.key == key and not stored.finished:
         shadow = stored.shadow_generation
@@ -313,7 +314,7 @@ def _resume_or_start(
             )
         return stored
     if state.algo not in (None, Algo.DFLASH.value):  # a fresh sweep measures it afresh
-        rollback(cfg, host, to_linear=True, generations=generations)
+        rollback(cfg, host, api_key=api_key, to_linear=True, generations=generations)
         state = generations.state()
         record.notes.append(
             f"Returned to generation {state.generation} ({state.summary}) so the sweep "
@@ -363,7 +364,14 @@ def _judge_candidate(
     top = generations.state().lineage[-1:]
     replace_top = bool(top) and top[0] != progress.shadow_generation
     try:
-        deploy(cand_cfg, host, gates=[gate], replace_top=replace_top, generations=generations)
+        deploy(
+            cand_cfg,
+            host,
+            api_key=api_key,
+            gates=[gate],
+            replace_top=replace_top,
+            generations=generations,
+        )
     except DeployError as err:
         if result.verdict == "not_run":  # no verdict yet: the unit or a measurement failed
             reason = (str(err.__cause__ or err)).split("\n", 1)[0]
@@ -523,7 +531,12 @@ def _serve_winner(
 
         try:
             number = deploy(
-                win_cfg, host, gates=[serving], replace_top=replace_top, generations=generations
+                win_cfg,
+                host,
+                api_key=api_key,
+                gates=[serving],
+                replace_top=replace_top,
+                generations=generations,
             ).generation
         except DeployError as err:
             reason = f"The winner {winner.candidate.label} did not come back: {err}"

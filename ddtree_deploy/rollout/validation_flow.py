@@ -32,7 +32,7 @@ from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.pipeline import DeployOutcome, GateContext, deploy
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.service.render import render_service
-from ddtree_deploy.service.secret import Secret, load_api_key
+from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.validate.errors import ValidationError
 from ddtree_deploy.validate.gates import (
     Decision,
@@ -87,19 +87,22 @@ class StoredBaseline:
 
 
 def deploy_validated(
-    cfg: DeployConfig, host: ShellHost, record: ValidationRecord, generations: GenerationStore
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    record: ValidationRecord,
+    generations: GenerationStore,
 ) -> DeployOutcome:
     """Deploy `cfg` through the gates its algorithm needs; raise `ValidationFailed` if not promoted.
 
     Host effects: the pipeline's (generations, unit, restarts), a `baseline-<hash>.json` in the
     linear-DFlash generation, a `validation.json` in the promoted one. Idempotent: a host that
     already runs `cfg` is left alone (no gates, decision `unchanged`). `generations`: the host's
-    record as the action holds it.
+    record as the action holds it; `api_key`: the key it read once.
     """
-    api_key = load_api_key(cfg.service)
     state = generations.state()
     if state.serves(cfg):
-        outcome = deploy(cfg, host, gates=[], generations=generations)
+        outcome = deploy(cfg, host, api_key=api_key, gates=[], generations=generations)
         record.decide(Decision.unchanged, f"{cfg.host.name} already runs {cfg.algo.summary}.")
         return outcome
     if state.in_progress is not None:
@@ -108,7 +111,7 @@ def deploy_validated(
             "run; this run finishes it through the gates (or rolls it back)."
         )
     if not cfg.host.systemd:
-        outcome = deploy(cfg, host, gates=[], generations=generations)
+        outcome = deploy(cfg, host, api_key=api_key, gates=[], generations=generations)
         record.decide(
             Decision.staging, "host.systemd=false: the unit was rendered and linted, not run."
         )
@@ -180,7 +183,7 @@ def run_phase(
             paused.append(stopper)
 
     try:
-        outcome = deploy(cfg, host, gates=[gate], generations=generations)
+        outcome = deploy(cfg, host, api_key=api_key, gates=[gate], generations=generations)
     except DeployError as err:
         cause = err.__cause__ if isinstance(err.__cause__, DeployError) else err
         reason = str(cause).split("\n", 1)[0]
@@ -225,7 +228,7 @@ def roll_back_after_failure(
         for _ in range(2):  # twice: a rollback left interrupted is finished before this one
             if generations.state().serves_linear:
                 break
-            rollback(cfg, host, to_linear=True, generations=generations)
+            rollback(cfg, host, api_key=api_key, to_linear=True, generations=generations)
         state = generations.state()
     except DeployError as err:
         record.decide(Decision.failed, f"{reason} Rolling back failed too: {err}")
@@ -428,7 +431,11 @@ def stored_baseline(
 
 
 def validate_running(
-    cfg: DeployConfig, host: ShellHost, record: ValidationRecord, generations: GenerationStore
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    record: ValidationRecord,
+    generations: GenerationStore,
 ) -> None:
     """Judge the running service as `cfg` describes it; changes nothing but the baseline.
 
@@ -436,7 +443,6 @@ def validate_running(
     baseline of the current generation. DDTREE: the polled gates, then the shadow-linear or
     tree gate against the stored baseline. Raises `ValidationFailed` when a gate fails.
     """
-    api_key = load_api_key(cfg.service)
     number = generations.state().generation or 0
     judge: Judge
     if cfg.algo.name is Algo.DFLASH:

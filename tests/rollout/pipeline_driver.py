@@ -26,9 +26,9 @@ def main(action: str, overrides: list[str]) -> int:
     try:
         with sink_installed(sink), connect(cfg.host) as host:
             if action == "deploy":
-                deploy(cfg, host, gates=[])
+                deploy(cfg, host, api_key=None, gates=[])
             else:
-                rollback(cfg, host)
+                rollback(cfg, host, api_key=None)
     except DeployError as err:
         console.print_error(err)
         return err.exit_code

@@ -92,9 +92,9 @@ def test_failed_deploy_rolls_back_to_previous_generation(lab: LabHost, tmp_path:
     name = "lc-auto"
     fail = "+service.environment.DDTREE_DOUBLE_FAIL_ALGO=DDTREE"
     with lab.connect() as host:
-        deploy(lab.config(name, tmp_path, "algo=dflash", fail), host)
+        deploy(lab.config(name, tmp_path, "algo=dflash", fail), host, api_key=None)
         with pytest.raises(DeployRolledBack, match="Rolled back to generation 1") as caught:
-            deploy(lab.config(name, tmp_path, "algo=ddtree", fail), host)
+            deploy(lab.config(name, tmp_path, "algo=ddtree", fail), host, api_key=None)
         assert caught.value.hint and "failing on purpose" in caught.value.hint
         assert arg(double_record(host, name)["argv"], "--speculative-algorithm") == "DFLASH"
         status = host_status(lab.config(name, tmp_path), host)
@@ -126,7 +126,7 @@ def test_deploy_killed_at_boundary_is_finished_or_undone_by_next_run(
     name = f"lc-kill-{BOUNDARIES.index(where)}-{then[0]}"
     base = lab.config(name, tmp_path, "algo=dflash")
     with lab.connect() as host:
-        deploy(base, host)
+        deploy(base, host, api_key=None)
         unit_path = PurePosixPath(f"/etc/systemd/system/{name}.service")
         old_unit = host.read_text(unit_path)
         killed = _cli(
@@ -151,10 +151,10 @@ def test_deploy_killed_at_boundary_is_finished_or_undone_by_next_run(
             assert ("unit" in stopped.started) is (BOUNDARIES.index(where) > 2)
 
         if then == "deploy":
-            deploy(lab.config(name, tmp_path, "algo=ddtree"), host)
+            deploy(lab.config(name, tmp_path, "algo=ddtree"), host, api_key=None)
             want_algo, want_generation = "DDTREE", 2
         else:
-            rollback(base, host)
+            rollback(base, host, api_key=None)
             want_algo, want_generation = "DFLASH", 1
         running_pid(host, name)
         assert arg(double_record(host, name)["argv"], "--speculative-algorithm") == want_algo
@@ -188,7 +188,7 @@ def test_restart_owed_by_a_killed_patch_or_kernels_step_is_paid_by_the_next_run(
     base = lab.config(name, tmp_path, "algo=dflash")
     state_dir = PurePosixPath(base.host.state_dir)
     with lab.connect() as host:
-        deploy(base, host)
+        deploy(base, host, api_key=None)
         before = running_pid(host, name)
         if where.startswith("patch"):  # give the patch step work: SGLang back to its wheel
             PatchStep.for_release(
@@ -204,7 +204,7 @@ def test_restart_owed_by_a_killed_patch_or_kernels_step_is_paid_by_the_next_run(
         assert killed.returncode == -9, killed.stderr
         assert running_pid(host, name) == before  # killed before any restart
 
-        deploy(base, host)
+        deploy(base, host, api_key=None)
         assert running_pid(host, name) != before  # the owed restart was paid
         status = host_status(base, host)
         assert (status.interrupted, status.pending_restart, status.drift) == (None, (), ())

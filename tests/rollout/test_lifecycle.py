@@ -28,7 +28,9 @@ def test_deploy_second_run_changes_nothing_and_budget_change_restarts_once(
     events: list[dict[str, Any]] = []
     with lab.connect() as host:
         with sink_installed(events.append):
-            first = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host)
+            first = deploy(
+                lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host, api_key=None
+            )
         assert first.generation == 1
         # One probe per run (each imports torch on the host): preflight's facts key the kernels.
         assert [e["event"] for e in events].count("facts.probe") == 1
@@ -47,11 +49,15 @@ def test_deploy_second_run_changes_nothing_and_budget_change_restarts_once(
         assert arg(argv, "--speculative-algorithm") == "DDTREE"
         assert arg(argv, "--speculative-ddtree-budget") == "12"
 
-        again = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host)
+        again = deploy(
+            lab.config(name, tmp_path, "algo=ddtree", "algo.budget=12"), host, api_key=None
+        )
         assert (again.generation, again.changed) == (1, 0)
         assert running_pid(host, name) == pid
 
-        changed = deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=8"), host)
+        changed = deploy(
+            lab.config(name, tmp_path, "algo=ddtree", "algo.budget=8"), host, api_key=None
+        )
         assert changed.generation == 2
         assert [r.name for r in changed.steps if r.status == "changed"] == [
             "unit",
@@ -68,9 +74,9 @@ def test_rollback_returns_to_linear_dflash_and_status_reports_it(
 ) -> None:
     name = "lc-rollback"
     with lab.connect() as host:
-        deploy(lab.config(name, tmp_path, "algo=dflash"), host)
-        deploy(lab.config(name, tmp_path, "algo=ddtree"), host)
-        deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=8"), host)
+        deploy(lab.config(name, tmp_path, "algo=dflash"), host, api_key=None)
+        deploy(lab.config(name, tmp_path, "algo=ddtree"), host, api_key=None)
+        deploy(lab.config(name, tmp_path, "algo=ddtree", "algo.budget=8"), host, api_key=None)
         assert arg(double_record(host, name)["argv"], "--speculative-algorithm") == "DDTREE"
         restarts = journal_events(host, name).count("restart.done")
 
@@ -98,8 +104,8 @@ def test_rollback_with_revert_patches_restores_pristine_sglang(
 ) -> None:
     name = "lc-revert"
     with lab.connect() as host:
-        deploy(lab.config(name, tmp_path, "algo=dflash"), host)
-        deploy(lab.config(name, tmp_path, "algo=ddtree"), host)
+        deploy(lab.config(name, tmp_path, "algo=dflash"), host, api_key=None)
+        deploy(lab.config(name, tmp_path, "algo=ddtree"), host, api_key=None)
         cfg = lab.config(name, tmp_path, "algo=ddtree", "rollback.revert_patches=true")
         state_dir = PurePosixPath(cfg.host.state_dir)
         applied = PatchStep.for_release(cfg.sglang.version, sglang_python(cfg), state_dir)
@@ -108,7 +114,7 @@ def test_rollback_with_revert_patches_restores_pristine_sglang(
         )
         assert applied.check(host).status is PlanStatus.OK
 
-        outcome = rollback(cfg, host)
+        outcome = rollback(cfg, host, api_key=None)
         assert outcome.to_generation == 1
         assert ("patch", "changed") in [(r.name, r.status) for r in outcome.steps]
         # Pristine means every target hashes to the wheel's RECORD entry again.
@@ -122,7 +128,7 @@ def test_plan_after_deploy_lists_each_step_once_all_ok(lab: LabHost, tmp_path: P
     name = "lc-plan"
     cfg = lab.config(name, tmp_path, "algo=ddtree_shadow")
     with lab.connect() as host:
-        deploy(cfg, host)
+        deploy(cfg, host, api_key=None)
     outcome = plan_action(cfg)
     assert outcome.exit_code == 0
     assert [s.name for s in outcome.steps] == [

@@ -15,7 +15,7 @@ import pytest
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.rollout.pipeline import deploy
 from ddtree_deploy.service import systemd
-from ddtree_deploy.service.secret import Secret
+from ddtree_deploy.service.secret import Secret, load_api_key
 from ddtree_deploy.validate.errors import BadResponse
 from ddtree_deploy.validate.gates import Outcome
 from ddtree_deploy.validate.probes import Expected, ServiceProbe
@@ -44,7 +44,7 @@ def test_api_key_is_on_no_command_line_and_in_no_environment_of_the_service(
     name = "val-key"
     cfg = standin_lab.config(name, tmp_path, 31221, "algo=dflash")
     with standin_lab.connect() as host:
-        deploy(cfg, host)
+        deploy(cfg, host, api_key=load_api_key(cfg.service))
         gates = ServiceProbe(cfg, host, Secret(API_KEY)).first_gates(Expected.of(cfg))
         assert [(g.gate, g.outcome) for g in gates] == [
             (gate, Outcome.passed)
