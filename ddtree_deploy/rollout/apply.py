@@ -1,4 +1,5 @@
-"""Apply a list of steps inside one generation: the loop deploy and rollback share."""
+"""Apply a list of steps: inside one generation (the loop deploy and rollback share), or
+outside any on a staging host."""
 
 from __future__ import annotations
 
@@ -29,4 +30,24 @@ def apply_steps(
         emit("step.result", step=step.name, status=result.status.value, detail=result.detail)
         reports.append(StepReport(step.name, result.status.value, result.detail))
         boundary(f"{step.name}.done")
+    return reports
+
+
+def apply_staged(
+    steps: Sequence[Step], host: ShellHost, generations: GenerationStore, action: str
+) -> list[StepReport]:
+    """Apply `steps` outside any generation (a host without a managed service keeps none),
+    marked on the host while they run, so `status` tells a run that stopped between them."""
+    generations.begin_staged(action, [step.name for step in steps])
+    reports = []
+    for step in steps:
+        plan = step.check(host)
+        if plan.status is PlanStatus.OK:
+            reports.append(StepReport(step.name, "ok", plan.reason))
+        else:
+            result = step.apply(host)
+            reports.append(StepReport(step.name, result.status.value, result.detail))
+        generations.staged_step_done(step.name)
+        boundary(f"{step.name}.done")
+    generations.end_staged()
     return reports

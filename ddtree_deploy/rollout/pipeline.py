@@ -21,7 +21,7 @@ from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching.step import PatchStep
-from ddtree_deploy.rollout.apply import apply_steps
+from ddtree_deploy.rollout.apply import apply_staged, apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, config_hash
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
@@ -158,7 +158,8 @@ def deploy(
     prepared = prepare(cfg, generations, api_key, report)
     prepared.lint.raise_if_failed()
     if not cfg.host.systemd:  # staging: SGLang is patched and kernels installed for real
-        staged = _deploy_staged(generations, host, prepared.software)
+        staged = apply_staged(prepared.software, host, generations, "deploy")
+        staged.append(StepReport("unit", "staging", "rendered and linted; host.systemd=false"))
         changed = sum(r.status == "changed" for r in staged)
         return DeployOutcome(cfg.host.name, None, changed, tuple(staged), report, prepared.lint)
     plans = check_steps(prepared.steps, host)
@@ -225,31 +226,6 @@ def _rolled_back(
     )
     rolled.exit_code = err.exit_code
     return rolled
-
-
-def _deploy_staged(
-    generations: GenerationStore, host: ShellHost, steps: Sequence[Step]
-) -> list[StepReport]:
-    """Apply `steps` outside any generation (a host without a managed service keeps none),
-    marked on the host while they run, so `status` tells a run that stopped between them."""
-    generations.begin_staged("deploy", [step.name for step in steps])
-    reports = []
-    for step in steps:
-        reports.append(_apply_now(step, host))
-        generations.staged_step_done(step.name)
-        boundary(f"{step.name}.done")
-    generations.end_staged()
-    reports.append(StepReport("unit", "staging", "rendered and linted; host.systemd=false"))
-    return reports
-
-
-def _apply_now(step: Step, host: ShellHost) -> StepReport:
-    """Apply one step outside any generation (a staging host keeps no service state)."""
-    plan = step.check(host)
-    if plan.status is PlanStatus.OK:
-        return StepReport(step.name, "ok", plan.reason)
-    result = step.apply(host)
-    return StepReport(step.name, result.status.value, result.detail)
 
 
 def _identity(text: str) -> str:
