@@ -18,17 +18,19 @@ from ddtree_deploy.hosts.factory import connect
 from ddtree_deploy.report import console
 from ddtree_deploy.rollout.pipeline import deploy
 from ddtree_deploy.rollout.rollback import rollback
+from ddtree_deploy.service.secret import load_api_key
 
 
 def main(action: str, overrides: list[str]) -> int:
     cfg = compose_config(overrides)
     sink = JsonLinesSink(Path(cfg.rollout.runs_dir) / "events.jsonl")
     try:
+        api_key = load_api_key(cfg.service)  # as an action does: once, before it connects
         with sink_installed(sink), connect(cfg.host) as host:
             if action == "deploy":
-                deploy(cfg, host, api_key=None, gates=[])
+                deploy(cfg, host, api_key=api_key, gates=[])
             else:
-                rollback(cfg, host, api_key=None)
+                rollback(cfg, host, api_key=api_key)
     except DeployError as err:
         console.print_error(err)
         return err.exit_code
