@@ -2,7 +2,8 @@
 
     python3 tests/gpulab/run.py --bundle .lab --out OUT [--root /tmp/ddtree-lab] [--quick]
         [--size tiny|realistic] [--budgets 15,31,63] [--batched ddtree-15] [--planted-bug]
-        | --overhead ROUNDS | --tune [--tune-budgets 15,31,63 --tune-concurrency 1,8,32]
+        | --overhead ROUNDS
+        | --tune [--tune-budgets 15,31,63 --tune-concurrency 1,8,32 --tune-wave N]
 
 It installs the carried bundle (tests/gpulab/bundle.py made it, for one release) and this
 checkout into one venv that sees the machine's torch, writes the models of `--size` (models.py:
@@ -38,7 +39,8 @@ earlier one passed buys rounds with `--no-gates` (round 0 one untimed wave per s
 `--no-batch-1` (only the `--in-flight` levels).
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
 (tune_lab.py judges and tables it with the product's code); `--tune-budgets`, `--tune-topks`
-and `--tune-concurrency` replace conf/tune's grid (e.g. the inflated pair over 15,31,63 at 1,8,32).
+and `--tune-concurrency` replace conf/tune's grid (e.g. the inflated pair over 15,31,63 at 1,8,32);
+`--tune-wave N` serves N candidates at once instead of the size's (1: a 27B shape on an H100).
 
 Results: OUT/results.md (the tables), OUT/results.json, OUT/logs.tar.gz (every run folder and
 server log). The tables are printed last.
