@@ -328,8 +328,7 @@ def unpatch_action(cfg: DeployConfig) -> PatchStepOutcome:
 def audit_action(cfg: DeployConfig) -> AuditOutcome:
     """File states, hunks and every DFLASH gate of the installed SGLang (action=audit)."""
     with connect(cfg.host) as host:
-        patch_set = preflight(cfg, host).patch_set
-        assert patch_set is not None, "preflight refuses a host whose release has no set"
+        patch_set = preflight(cfg, host).passed_patch_set()
         site = locate_site_packages(host, sglang_python(cfg), patch_set.package)
         state = HostStateStore(host, PurePosixPath(cfg.host.state_dir))
         report = audit(host, site, patch_set, state, sudo=True)

@@ -84,9 +84,8 @@ def software_steps(
     test refuses kernels of another API before they install; SGLang imports both only at
     start, so a change owes a restart. `store`: the run's host state, when it has read it (see
     `KernelsStep.store`)."""
-    report.raise_if_refused()
-    assert report.patch_set is not None, "preflight refuses a host whose release has no set"
-    patch = PatchStep(report.patch_set, sglang_python(cfg), PurePosixPath(cfg.host.state_dir))
+    state_dir = PurePosixPath(cfg.host.state_dir)
+    patch = PatchStep(report.passed_patch_set(), sglang_python(cfg), state_dir)
     return patch, kernels_step(cfg, report, store)
 
 

@@ -48,6 +48,13 @@ class PreflightReport:
     def refusals(self) -> list[str]:
         return [c.sentence for c in self.checks if c.verdict is Verdict.mismatch]
 
+    def passed_patch_set(self) -> PatchSet:
+        """The set to patch with; raises `PreflightRefused` when preflight refused (a report
+        without a set always has: SGLang missing, another release, or one without a set)."""
+        self.raise_if_refused()
+        assert self.patch_set is not None, "preflight refuses a host whose release has no set"
+        return self.patch_set
+
     def raise_if_refused(self) -> None:
         """Raise `PreflightRefused` with every mismatch sentence; nothing has been touched."""
         if refusals := self.refusals:
