@@ -7,7 +7,9 @@ or an unknown key fails at compose time. Each numeric field declares its range w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
 from hydra.core.config_store import ConfigStore
@@ -411,6 +413,19 @@ class DeployConfig:
     fleet: FleetConfig | None = None  # fleet=<name>: the action runs on each of its hosts
     action: str = "plan"
     output: Output = Output.table
+
+    @property
+    def serving_hash(self) -> str:
+        """Hash of everything that decides what a host runs (not run-time knobs like runs_dir):
+        a generation records it, and a host whose current generation holds it already runs this."""
+        subset = {
+            "host": asdict(self.host),
+            "model": asdict(self.model),
+            "algo": asdict(self.algo),
+            "sglang": asdict(self.sglang),
+            "service": asdict(self.service),
+        }
+        return hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def register_configs() -> None:

@@ -12,7 +12,6 @@ runs, so a stopped one is still seen.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, replace
@@ -100,7 +99,7 @@ class HostState:
     def serves(self, cfg: DeployConfig) -> bool:
         """Whether the host already runs `cfg`: its current generation was deployed from it and
         no run was left unfinished (the one "host already at cfg" rule)."""
-        return self.in_progress is None and self.config_hash == config_hash(cfg)
+        return self.in_progress is None and self.config_hash == cfg.serving_hash
 
     @property
     def serves_linear(self) -> bool:
@@ -169,18 +168,6 @@ class HostState:
             "env_sha256": self.env_sha256,
         }
         return data | {key: value for key, value in current.items() if value is not None}
-
-
-def config_hash(cfg: DeployConfig) -> str:
-    """Hash of everything that decides what a host runs (not run-time knobs like runs_dir)."""
-    subset = {
-        "host": asdict(cfg.host),
-        "model": asdict(cfg.model),
-        "algo": asdict(cfg.algo),
-        "sglang": asdict(cfg.sglang),
-        "service": asdict(cfg.service),
-    }
-    return hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class GenerationStore:

@@ -22,7 +22,7 @@ from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.apply import apply_staged, apply_steps
-from ddtree_deploy.rollout.generations import GenerationStore, config_hash
+from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
 from ddtree_deploy.rollout.rollback import rollback
@@ -173,7 +173,7 @@ def deploy(
         service_files(prepared.rendered),
         algo=cfg.algo.name.value,
         summary=cfg.algo.summary,
-        config_hash=config_hash(cfg),
+        config_hash=cfg.serving_hash,
     )
     emit("deploy.generation", generation=number)
     boundary("begin")

@@ -21,7 +21,7 @@ from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.apply import apply_steps
-from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles, config_hash
+from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
@@ -65,6 +65,7 @@ class _Target:
     from_generation: int | None
     algo: str
     summary: str
+    config_hash: str = ""  # a new generation's: the config it renders ("" for a unit found)
 
 
 def rollback(
@@ -103,7 +104,7 @@ def rollback(
             target.files,
             algo=target.algo,
             summary=target.summary,
-            config_hash=_rendered_hash(cfg, target),
+            config_hash=target.config_hash,
         )
     boundary("rollback.begin")
     emit("rollback.start", from_generation=target.from_generation, to_generation=number)
@@ -177,9 +178,13 @@ def _target(
         )
     before = generations.replaced(bottom if bottom is not None else from_generation)
     algo = _algo_of(before.unit_text) if before.unit_text is not None else None
-    if algo is not None and (algo == Algo.DFLASH.value or not to_linear):
-        return _Target(None, before, [], from_generation, algo, f"the unit found before ({algo})")
     linear = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
+    if algo is not None and (algo == Algo.DFLASH.value or not to_linear):
+        # A linear unit found before counts as this config's linear DFlash (the baseline's
+        # "already at cfg" then holds for it); any other found unit matches no config.
+        found_hash = linear.serving_hash if algo == Algo.DFLASH.value else ""
+        summary = f"the unit found before ({algo})"
+        return _Target(None, before, [], from_generation, algo, summary, found_hash)
     rendered = render_service(linear, api_key)
     return _Target(
         None,
@@ -188,6 +193,7 @@ def _target(
         from_generation,
         Algo.DFLASH.value,
         linear.algo.summary,
+        linear.serving_hash,
     )
 
 
@@ -200,11 +206,3 @@ def _meta_algo(generations: GenerationStore, number: int) -> str:
 def _algo_of(unit_text: str) -> str:
     match = _ALGO_ARG.search(unit_text)
     return match["algo"] if match else "unknown"
-
-
-def _rendered_hash(cfg: DeployConfig, target: _Target) -> str:
-    if target.algo == Algo.DFLASH.value:
-        return config_hash(
-            dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algo.DFLASH))
-        )
-    return ""

@@ -36,7 +36,7 @@ from ddtree_deploy.config.schema import Algo, DeployConfig, InconclusivePolicy, 
 from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.rollout.generations import GenerationStore, config_hash
+from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.pipeline import GateContext, deploy
 from ddtree_deploy.rollout.rollback import rollback
@@ -170,7 +170,7 @@ def sweep_key(cfg: DeployConfig) -> str:
     base = _candidate_cfg(cfg, Candidate(1, 1))
     val = cfg.validation
     data = {
-        "config": config_hash(base),
+        "config": base.serving_hash,
         "grid": [c.slug for c in candidates(cfg)],
         "concurrency": list(cfg.tune.concurrency),
         "prompts": [prompts_hash(at_concurrency(cfg, c)) for c in cfg.tune.concurrency],

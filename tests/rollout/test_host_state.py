@@ -20,7 +20,6 @@ from ddtree_deploy.rollout.generations import (
     HostState,
     InProgress,
     StagedRun,
-    config_hash,
 )
 
 BEFORE = {
@@ -76,7 +75,7 @@ def test_the_record_round_trips_through_the_file_format() -> None:
 
 def test_serves_is_the_one_rule_for_a_host_already_at_its_config() -> None:
     cfg = compose_config(["algo=dflash"])
-    committed = HostState(generation=1, lineage=(1,), config_hash=config_hash(cfg))
+    committed = HostState(generation=1, lineage=(1,), config_hash=cfg.serving_hash)
     assert committed.serves(cfg)
     assert not dataclasses.replace(committed, in_progress=InProgress(2, "deploy")).serves(cfg)
     assert not HostState().serves(cfg)
