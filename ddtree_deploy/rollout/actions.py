@@ -181,8 +181,9 @@ def tune_action(cfg: DeployConfig) -> GatedOutcome:
         f"tune: DDTREE tree, budgets {list(grid.budgets)} x topks {list(grid.topks)} at "
         f"concurrency {list(grid.concurrency)}",
     )
+    api_key = load_api_key(cfg.service)
     with connect(cfg.host) as host, _locked(cfg, host):
-        winner = tune(cfg, host, record, _generations(cfg, host))
+        winner = tune(cfg, host, api_key, record, _generations(cfg, host))
     return GatedOutcome(
         summary=f"{cfg.host.name}: promoted {winner.candidate.label} "
         f"(geometric-mean speedup {winner.score or 0:.2f}).",
@@ -232,11 +233,12 @@ def revalidate_action(cfg: DeployConfig) -> GatedOutcome:
         )
     record = ValidationRecord(cfg.host.name, f"re-validation: {cfg.algo.summary}")
     changed: list[str] = []
+    api_key = load_api_key(cfg.service)
     with connect(cfg.host) as host, _locked(cfg, host):
         report = preflight(cfg, host)
         generations = _generations(cfg, host)
         with _noted_on_failure(cfg, host, generations, changed):
-            revalidate(cfg, host, record, report.facts, changed, generations)
+            revalidate(cfg, host, api_key, record, report.facts, changed, generations)
         note_validation(cfg, host, record, generations, failed=False)
     return GatedOutcome(summary=record.sentence, validation=record)
 

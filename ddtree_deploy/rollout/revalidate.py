@@ -51,7 +51,7 @@ from ddtree_deploy.rollout.validation_flow import (
 )
 from ddtree_deploy.rollout.watch_record import record_validated
 from ddtree_deploy.service.render import render_service
-from ddtree_deploy.service.secret import Secret, load_api_key
+from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.validate.gates import Decision, GateResult, Outcome, decide, deciding_gate
 from ddtree_deploy.validate.measure import Measurement
 from ddtree_deploy.validate.probes import Expected, ServiceProbe
@@ -75,18 +75,19 @@ class WatchPaused(ValidationFailed):
 def revalidate(
     cfg: DeployConfig,
     host: ShellHost,
+    api_key: Secret | None,
     record: ValidationRecord,
     facts: HostFacts,
     changed: list[str],
     generations: GenerationStore,
 ) -> None:
     """Re-validate the host (routine or full, see the module); `changed` receives the drifted
-    fingerprint parts. Raises `ValidationFailed` (or the policy's subclass) on a failure."""
+    fingerprint parts. Raises `ValidationFailed` (or the policy's subclass) on a failure.
+    `api_key`: the key the action read once."""
     state = generations.state()
     recorded = RecordedFingerprint.from_state(generations.store.load())
     now = read_fingerprint(cfg, host, facts, sglang_python(cfg))
     changed += drift(recorded.parts, now) if recorded else ["no fingerprint was recorded"]
-    api_key = load_api_key(cfg.service)
     if state.algo != Algo.DDTREE.value or cfg.algo.name is Algo.DFLASH:
         _check_linear(cfg, host, api_key, record, state.generation)
         return

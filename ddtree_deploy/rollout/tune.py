@@ -52,7 +52,7 @@ from ddtree_deploy.rollout.validation_flow import (
     tree_judge,
     variant,
 )
-from ddtree_deploy.service.secret import Secret, load_api_key
+from ddtree_deploy.service.secret import Secret
 from ddtree_deploy.validate.gates import Decision, GateResult, Outcome, decide, deciding_gate
 from ddtree_deploy.validate.measure import Measurement
 from ddtree_deploy.validate.probes import Expected, ServiceProbe
@@ -222,7 +222,11 @@ def _save_progress(cfg: DeployConfig, host: ShellHost, progress: _Progress) -> N
 
 
 def tune(
-    cfg: DeployConfig, host: ShellHost, record: ValidationRecord, generations: GenerationStore
+    cfg: DeployConfig,
+    host: ShellHost,
+    api_key: Secret | None,
+    record: ValidationRecord,
+    generations: GenerationStore,
 ) -> CandidateResult:
     """Sweep the grid on `host` and promote the winner; returns its result.
 
@@ -230,8 +234,8 @@ def tune(
     `tune.json` under `host.state_dir`, `validation.json` in the promoted generation. Raises
     `ValidationFailed` (exit 10) when the baseline or shadow-linear gate fails, `TuneNoWinner`
     (exit 12) when no candidate passes; in both cases linear DFlash serves, proven healthy.
+    `api_key`: the key the action read once; every candidate's unit and gate hold it.
     """
-    api_key = load_api_key(cfg.service)
     key = sweep_key(cfg)
     progress = _resume_or_start(cfg, host, api_key, generations, key, record)
     levels = list(cfg.tune.concurrency)
