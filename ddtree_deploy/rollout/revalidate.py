@@ -190,13 +190,20 @@ def _routine(
 
 
 def _subset(measurement: Measurement, names: set[str]) -> Measurement:
-    """The prompts of `names` from a stored measurement (its time scaled to what they took)."""
+    """The prompts of `names` from a stored measurement, its time scaled to their share of it
+    (of the passes' time, and of the slots' time in its busy window where it has one), so its
+    tokens/s is the rate those prompts ran at, as a sample measured alone would give."""
     kept = tuple(r for r in measurement.results if r.name in names)
     elapsed = None
     if measurement.elapsed_s is not None and measurement.results:
         share = sum(r.wall_s for r in kept) / max(sum(r.wall_s for r in measurement.results), 1e-9)
         elapsed = measurement.elapsed_s * share
-    return Measurement(measurement.label, kept, elapsed)
+    window = measurement.busy_window
+    if window is not None:
+        inside = sum(window.overlap_s(r) for r in measurement.results)
+        share = sum(window.overlap_s(r) for r in kept) / max(inside, 1e-9)
+        window = dataclasses.replace(window, share=window.share * share)
+    return Measurement(measurement.label, kept, elapsed, window)
 
 
 def _recorded_acceptance(
