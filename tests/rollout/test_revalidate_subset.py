@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
 import pytest
 
+from ddtree_deploy.config import compose_config
+from ddtree_deploy.config.schema import DeployConfig
 from ddtree_deploy.rollout.revalidate import _subset
+from ddtree_deploy.rollout.tune import at_concurrency
+from ddtree_deploy.rollout.validation_flow import prompts_hash
 from ddtree_deploy.validate.measure import BusyWindow, Measurement, PromptResult
 
 
@@ -39,3 +48,22 @@ def test_a_subset_of_a_baseline_stored_without_a_window_scales_its_time_as_befor
     kept = _subset(stored, {"b"})
     assert kept.window is None and kept.elapsed_s == pytest.approx(3.0)
     assert kept.tokens_per_s == pytest.approx(100 / 3.0)
+
+
+def _hash_before_busy_windows(cfg: DeployConfig) -> str:
+    """`prompts_hash` as it was when a batched measurement counted the drain too."""
+    val = cfg.validation
+    data: list[dict[str, Any]] = [dataclasses.asdict(p) for p in val.prompts]
+    data.append({"repeats": val.repeats})
+    if val.concurrency != 1:
+        data.append({"concurrency": val.concurrency})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_a_batched_baseline_counted_with_its_drain_is_not_reused_a_batch_1_one_is() -> None:
+    """A batched baseline stored before the busy window reads slower than a tree measured now
+    would; under its old hash it is not found, so the gates measure linear DFlash again."""
+    cfg = compose_config(["algo=ddtree"])
+    batched = at_concurrency(cfg, 8)
+    assert prompts_hash(batched) != _hash_before_busy_windows(batched)
+    assert prompts_hash(cfg) == _hash_before_busy_windows(cfg)
