@@ -310,6 +310,14 @@ class Lab:
         """training.json of the trained pair (trained/train.py wrote it)."""
         return self.root / "models" / "trained" / "attention" / "training.json"
 
+    def training_figures(self) -> dict[str, Any] | None:
+        """What training measured, for a call that serves the trained pair (a reused root keeps
+        an earlier call's record, which says nothing of the random tiny or realistic models)."""
+        if not self.size_name.startswith("trained") or not self.training_record.exists():
+            return None
+        figures: dict[str, Any] = json.loads(self.training_record.read_text())
+        return figures
+
     def answer_every_prompt(self) -> None:
         """LONG_ANSWER new tokens for every prompt of the validation set the lab composes; the
         trained pair's prompts keep their own lengths (within what it was trained on)."""
@@ -1094,8 +1102,8 @@ def main() -> int:
     results: dict[str, Any] = {"release": release, "size": args.size,
                                "steps": [asdict(s) for s in steps],
                                "cells": [], "overhead": [], "tune": None}  # fmt: skip
-    if lab.training_record.exists():  # what training measured, beside what serving measures
-        results["training"] = json.loads(lab.training_record.read_text())
+    if (training := lab.training_figures()) is not None:  # beside what serving measures
+        results["training"] = training
     cells: list[Cell] = []
 
     def save() -> None:

@@ -108,6 +108,20 @@ def test_the_trained_pairs_prompts_become_its_validation_option_at_their_own_len
     assert cfg.model.target_path == f"{tmp_path}/models/trained/attention/target"
 
 
+@pytest.mark.parametrize(("size", "shown"), [("tiny", False), ("realistic", False),
+                                             ("trained", True), ("trained-8b", True)])  # fmt: skip
+def test_only_a_call_serving_the_trained_pair_shows_what_training_predicted(
+    tmp_path: Path, size: str, shown: bool
+) -> None:
+    """Run 25 (0.5.14, tiny hybrid on a reused root) printed the trained pair's predicted
+    acceptance beside a random model's served one."""
+    lab = _Lab(tmp_path, size=size)
+    lab.training_record.parent.mkdir(parents=True)
+    lab.training_record.write_text(json.dumps({"acceptance": {"mean_accept_len": 3.965}}))
+    figures = lab.training_figures()
+    assert (figures == {"acceptance": {"mean_accept_len": 3.965}}) if shown else figures is None
+
+
 def test_batched_passes_keep_every_level_in_flight_for_at_least_four_passes() -> None:
     labels = pass_labels(["validation.repeats=1"], [8, 32], 16, batched=True)
     assert labels == {
