@@ -65,3 +65,20 @@ def test_the_recorded_27b_sweep_keeps_linear_dflash_for_8_in_flight_and_picks_b6
         "b63k4": "passed",
     }
     assert "Promoted: **b63k4**" in batch_1
+
+
+def test_the_recorded_8b_worker_v2_sweep_picks_the_budget_each_load_favours(
+    tmp_path: Path,
+) -> None:
+    """GPU lab run 25 (H100, SGLang 0.5.14, the trained pair grown to Qwen3-8B's shape): both
+    trees pass at 1 and 8 in flight; over both loads budget 15 wins (1.20x and 1.30x), for batch
+    1 alone budget 31 does (1.24x against 15's 1.20x)."""
+    sweep = json.loads((RECORDED / "run25-0.5.14-h100-trained-8b-tune.json").read_text())
+    inflated = ["host=h200_lab", "service=lab_inflated", "model=lab_attention_trained_8b",
+                "validation=lab", "action=tune", "tune.budgets=[15,31]", "tune.topks=[4]"]  # fmt: skip
+    report(compose_config([*inflated, "tune.concurrency=[1,8]"]), sweep, tmp_path / "both")
+    both = json.loads((tmp_path / "both" / "report.json").read_text())["tune"]
+    assert both["winner"] == "b15k4"
+    assert both["best_per_concurrency"] == {"1": "b31k4", "8": "b15k4"}
+    report(compose_config([*inflated, "tune.concurrency=[1]"]), sweep, tmp_path / "one")
+    assert json.loads((tmp_path / "one" / "report.json").read_text())["tune"]["winner"] == "b31k4"
