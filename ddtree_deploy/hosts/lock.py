@@ -139,25 +139,29 @@ def host_lock(host: ShellHost, state_dir: PurePosixPath, action: str) -> Iterato
         emit("lock.dropped" if dropped else "lock.left", path=str(path))
 
 
-def _take(host: ShellHost, path: PurePosixPath, owner: LockOwner, stale: str = "") -> None:
-    result = host.run(
-        ["sh", "-c", _TAKE_SCRIPT, "sh", str(path), owner.to_json(), stale],
-        sudo=True,
-        check=False,
-    )
-    if result.ok:
-        return
-    if result.exit_code != _BUSY_EXIT:
-        raise CommandFailed(
-            f"Cannot take the lock {path} on {host.name} (exit code {result.exit_code}): "
-            f"{result.tail(3) or 'no output'}; check that the state folder is writable and "
-            "that flock (util-linux) is installed."
+def _take(host: ShellHost, path: PurePosixPath, owner: LockOwner) -> None:
+    """Write `owner` into the lock; a lock left by a gone process of this controller is taken
+    over (once: the script replaces only the exact text seen, so a race refuses instead)."""
+    stale = ""  # the text of a gone owner's lock, which the second try may replace
+    while True:
+        result = host.run(
+            ["sh", "-c", _TAKE_SCRIPT, "sh", str(path), owner.to_json(), stale],
+            sudo=True,
+            check=False,
         )
-    holder = LockOwner.parse(result.stdout)
-    if holder is not None and holder.gone() and not stale:
+        if result.ok:
+            return
+        if result.exit_code != _BUSY_EXIT:
+            raise CommandFailed(
+                f"Cannot take the lock {path} on {host.name} (exit code {result.exit_code}): "
+                f"{result.tail(3) or 'no output'}; check that the state folder is writable and "
+                "that flock (util-linux) is installed."
+            )
+        holder = LockOwner.parse(result.stdout)
+        if holder is None or stale or not holder.gone():
+            break
         emit("lock.stale", path=str(path), holder=holder.describe())
-        _take(host, path, owner, stale=result.stdout)
-        return
+        stale = result.stdout
     who = holder.describe() if holder is not None else "an unreadable owner"
     raise HostBusy(
         f"{host.name} is busy: {path} is held by {who}; wait for that run to finish, or remove "
