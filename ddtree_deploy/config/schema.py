@@ -11,6 +11,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from pathlib import PurePosixPath
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -147,6 +148,11 @@ class HostConfig:
     state_dir: str = "/var/lib/ddtree-deploy"
     staging: bool = False  # no GPU: reference-only kernels, GPU checks become notes
     systemd: bool = True  # the service is installed and managed; false: rendered and linted only
+
+    @property
+    def sglang_python(self) -> PurePosixPath:
+        """The interpreter of the SGLang venv: what the probe, every build and the unit run."""
+        return PurePosixPath(self.sglang_venv) / "bin" / "python"
 
 
 @dataclass

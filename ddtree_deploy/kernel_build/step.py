@@ -141,7 +141,7 @@ class KernelsStep:
     ) -> KernelsStep:
         return cls(
             host_name=cfg.host.name,
-            python=PurePosixPath(cfg.host.sglang_venv) / "bin" / "python",
+            python=cfg.host.sglang_python,
             state_dir=PurePosixPath(cfg.host.state_dir),
             arch=cfg.gpu.arch,
             staging=cfg.host.staging,

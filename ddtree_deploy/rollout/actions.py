@@ -41,7 +41,7 @@ from ddtree_deploy.rollout.outcomes import (
     StatusOutcome,
 )
 from ddtree_deploy.rollout.pipeline import kernels_step, preflight, prepare
-from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
+from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight
 from ddtree_deploy.rollout.revalidate import revalidate
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import host_status, installed_patch_step
@@ -69,7 +69,7 @@ def _locked(cfg: DeployConfig, host: ShellHost) -> AbstractContextManager[object
 def gather_facts(cfg: DeployConfig) -> HostFacts:
     """Probe the configured host through its SGLang venv's Python."""
     with connect(cfg.host) as host:
-        facts = probe_facts(host, sglang_python(cfg))
+        facts = probe_facts(host, cfg.host.sglang_python)
     emit("facts", **facts.to_dict())
     return facts
 
@@ -81,7 +81,7 @@ def facts_action(cfg: DeployConfig) -> FactsOutcome:
 def plan_action(cfg: DeployConfig) -> PlanOutcome:
     """Preflight, then what each step would do; changes nothing (one connection, one probe)."""
     with connect(cfg.host) as host:
-        facts = probe_facts(host, sglang_python(cfg))
+        facts = probe_facts(host, cfg.host.sglang_python)
         emit("facts", **facts.to_dict())
         report = run_preflight(cfg, facts)
         emit("preflight", refusals=report.refusals)
@@ -100,7 +100,7 @@ def plan_action(cfg: DeployConfig) -> PlanOutcome:
 def build_kernels_action(cfg: DeployConfig) -> KernelsOutcome:
     """Preflight, then build (or reuse), install and smoke-test the kernels on the host."""
     with connect(cfg.host) as host, _locked(cfg, host):
-        facts = probe_facts(host, sglang_python(cfg))
+        facts = probe_facts(host, cfg.host.sglang_python)
         report = run_preflight(cfg, facts)
         emit("preflight", refusals=report.refusals)
         report.raise_if_refused()
@@ -331,7 +331,7 @@ def audit_action(cfg: DeployConfig) -> AuditOutcome:
     """File states, hunks and every DFLASH gate of the installed SGLang (action=audit)."""
     with connect(cfg.host) as host:
         patch_set = preflight(cfg, host).passed_patch_set()
-        site = locate_site_packages(host, sglang_python(cfg), patch_set.package)
+        site = locate_site_packages(host, cfg.host.sglang_python, patch_set.package)
         state = HostStateStore(host, PurePosixPath(cfg.host.state_dir))
         report = audit(host, site, patch_set, state, sudo=True)
     emit("audit", passed=report.passed)
@@ -358,7 +358,7 @@ def port_action(cfg: DeployConfig) -> PortOutcome:
 def _patch_change(cfg: DeployConfig, *, reverting: bool) -> PatchStepOutcome:
     step = PatchStep.for_release(
         cfg.sglang.version,
-        sglang_python(cfg),
+        cfg.host.sglang_python,
         PurePosixPath(cfg.host.state_dir),
         reverting=reverting,
     )

@@ -24,7 +24,7 @@ from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.apply import apply_staged, apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.killpoints import boundary
-from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight, sglang_python
+from ddtree_deploy.rollout.preflight import PreflightReport, run_preflight
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service.lint import LintReport, lint_unit
@@ -85,7 +85,7 @@ def software_steps(
     start, so a change owes a restart. `store`: the run's host state, when it has read it (see
     `KernelsStep.store`)."""
     state_dir = PurePosixPath(cfg.host.state_dir)
-    patch = PatchStep(report.passed_patch_set(), sglang_python(cfg), state_dir)
+    patch = PatchStep(report.passed_patch_set(), cfg.host.sglang_python, state_dir)
     return patch, kernels_step(cfg, report, store)
 
 
@@ -120,7 +120,8 @@ def prepare(
 
 def preflight(cfg: DeployConfig, host: ShellHost) -> PreflightReport:
     """Probe the host and compare; raises `PreflightRefused` before anything is touched."""
-    report = run_preflight(cfg, probe_facts(host, sglang_python(cfg)))
+    facts = probe_facts(host, cfg.host.sglang_python)
+    report = run_preflight(cfg, facts)
     emit("preflight", refusals=report.refusals)
     report.raise_if_refused()
     return report

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import PurePosixPath
 
 from packaging.version import InvalidVersion, Version
 
@@ -62,11 +61,6 @@ class PreflightReport:
                 f"Preflight refused {self.host}: " + " ".join(refusals),
                 hint="Nothing on the host was changed.",
             )
-
-
-def sglang_python(cfg: DeployConfig) -> PurePosixPath:
-    """The interpreter of the host's SGLang venv (what the probe and every build use)."""
-    return PurePosixPath(cfg.host.sglang_venv) / "bin" / "python"
 
 
 def run_preflight(cfg: DeployConfig, facts: HostFacts) -> PreflightReport:

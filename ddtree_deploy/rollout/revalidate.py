@@ -36,7 +36,6 @@ from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts
 from ddtree_deploy.rollout.generations import GenerationStore
 from ddtree_deploy.rollout.pipeline import GateContext
-from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.validation_flow import (
     GateFailed,
@@ -86,7 +85,7 @@ def revalidate(
     `api_key`: the key the action read once."""
     state = generations.state()
     recorded = RecordedFingerprint.from_state(generations.store.load())
-    now = read_fingerprint(cfg, host, facts, sglang_python(cfg))
+    now = read_fingerprint(cfg, host, facts, cfg.host.sglang_python)
     changed += drift(recorded.parts, now) if recorded else ["no fingerprint was recorded"]
     if state.algo != Algo.DDTREE.value or cfg.algo.name is Algo.DFLASH:
         _check_linear(cfg, host, api_key, record, state.generation)

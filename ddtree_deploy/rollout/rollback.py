@@ -23,7 +23,6 @@ from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.apply import apply_steps
 from ddtree_deploy.rollout.generations import GenerationStore, ServiceFiles
 from ddtree_deploy.rollout.killpoints import boundary
-from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.service_steps import service_files, service_steps
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import render_service
@@ -113,7 +112,7 @@ def rollback(
         steps.append(
             PatchStep.for_release(
                 cfg.sglang.version,
-                sglang_python(cfg),
+                cfg.host.sglang_python,
                 PurePosixPath(cfg.host.state_dir),
                 reverting=True,
             )

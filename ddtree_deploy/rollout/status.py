@@ -28,7 +28,6 @@ from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching import FileState
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.generations import GenerationStore, HostState
-from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.watch_record import fingerprint_drift
 from ddtree_deploy.service import systemd
 from ddtree_deploy.service.render import sha256_text, unit_paths
@@ -78,7 +77,7 @@ def installed_patch_step(cfg: DeployConfig, facts: HostFacts) -> PatchStep:
     """The patch step for the release the host has installed (the configured one if unknown)."""
     return PatchStep.for_release(
         facts.sglang_version or cfg.sglang.version,
-        sglang_python(cfg),
+        cfg.host.sglang_python,
         PurePosixPath(cfg.host.state_dir),
     )
 
@@ -99,7 +98,7 @@ def host_status(
             drift += _service_drift(cfg, host, state, unit)
     else:
         unit_state, enabled = "not managed", "host.systemd=false"
-    facts = probe_facts(host, sglang_python(cfg))
+    facts = probe_facts(host, cfg.host.sglang_python)
     patch_set, patch_files = _patch_state(cfg, facts, host)
     drift += [
         f"{path} matches neither the pristine nor the patched file of its patch set"

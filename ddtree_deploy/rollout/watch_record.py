@@ -19,7 +19,6 @@ from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts
 from ddtree_deploy.rollout.generations import GenerationStore
-from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.validate.record import ValidationRecord
 from ddtree_deploy.watch.fingerprint import RecordedFingerprint, drift, read_fingerprint
 from ddtree_deploy.watch.metrics import exposition, families, fold
@@ -31,7 +30,7 @@ def record_validated(
     cfg: DeployConfig, host: ShellHost, facts: HostFacts, generations: GenerationStore
 ) -> RecordedFingerprint:
     """Store the host's fingerprint now as the one its current generation's validation proved."""
-    parts = read_fingerprint(cfg, host, facts, sglang_python(cfg))
+    parts = read_fingerprint(cfg, host, facts, cfg.host.sglang_python)
     generation = generations.state().generation
     recorded = RecordedFingerprint(parts, generation, round(time.time(), 3))
     generations.journal("fingerprint.recorded", generation=generation)
@@ -49,7 +48,7 @@ def fingerprint_drift(
     if recorded is None:
         return []
     try:
-        now = read_fingerprint(cfg, host, facts, sglang_python(cfg))
+        now = read_fingerprint(cfg, host, facts, cfg.host.sglang_python)
     except HostError as err:  # a venv gone is drift too; status reports it, not fails
         return [f"the fingerprint could not be read again: {err}"]
     return drift(recorded.parts, now)

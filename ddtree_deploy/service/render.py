@@ -115,7 +115,7 @@ def server_argv(cfg: DeployConfig, *, api_key: bool) -> list[str]:
     With `api_key`, the launcher runs the launch module and adds `--api-key` from the
     environment file in-process (`ddtree_launch`'s docstring says how)."""
     svc, model = cfg.service, cfg.model
-    python = str(PurePosixPath(cfg.host.sglang_venv) / "bin" / "python")
+    python = str(cfg.host.sglang_python)
     launcher = ["-m", LAUNCHER_MODULE, "--api-key-env", API_KEY_VAR] if api_key else ["-m"]
     argv = [
         python,

@@ -13,7 +13,6 @@ from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.kernel_build import KernelsStep
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.pipeline import DeployRolledBack, deploy
-from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import host_status
 from ddtree_deploy.service.render import sha256_text
@@ -192,7 +191,7 @@ def test_restart_owed_by_a_killed_patch_or_kernels_step_is_paid_by_the_next_run(
         before = running_pid(host, name)
         if where.startswith("patch"):  # give the patch step work: SGLang back to its wheel
             PatchStep.for_release(
-                base.sglang.version, sglang_python(base), state_dir, reverting=True
+                base.sglang.version, base.host.sglang_python, state_dir, reverting=True
             ).apply(host)
         else:  # give the kernels step work: forget the install, so it is made again
             store = HostStateStore(host, state_dir)
@@ -208,6 +207,6 @@ def test_restart_owed_by_a_killed_patch_or_kernels_step_is_paid_by_the_next_run(
         assert running_pid(host, name) != before  # the owed restart was paid
         status = host_status(base, host)
         assert (status.interrupted, status.pending_restart, status.drift) == (None, (), ())
-        patch = PatchStep.for_release(base.sglang.version, sglang_python(base), state_dir)
+        patch = PatchStep.for_release(base.sglang.version, base.host.sglang_python, state_dir)
         assert patch.check(host).status is PlanStatus.OK
         assert KernelsStep.from_config(base).check(host).status is PlanStatus.OK

@@ -12,7 +12,6 @@ from ddtree_deploy.hosts.lock import host_lock
 from ddtree_deploy.patching.step import PatchStep
 from ddtree_deploy.rollout.actions import plan_action, rollback_action
 from ddtree_deploy.rollout.pipeline import deploy
-from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.status import host_status
 from ddtree_deploy.steps import PlanStatus
@@ -108,9 +107,9 @@ def test_rollback_with_revert_patches_restores_pristine_sglang(
         deploy(lab.config(name, tmp_path, "algo=ddtree"), host, api_key=None)
         cfg = lab.config(name, tmp_path, "algo=ddtree", "rollback.revert_patches=true")
         state_dir = PurePosixPath(cfg.host.state_dir)
-        applied = PatchStep.for_release(cfg.sglang.version, sglang_python(cfg), state_dir)
+        applied = PatchStep.for_release(cfg.sglang.version, cfg.host.sglang_python, state_dir)
         pristine = PatchStep.for_release(
-            cfg.sglang.version, sglang_python(cfg), state_dir, reverting=True
+            cfg.sglang.version, cfg.host.sglang_python, state_dir, reverting=True
         )
         assert applied.check(host).status is PlanStatus.OK
 

@@ -21,7 +21,6 @@ from ddtree_deploy.hosts.facts import probe_facts
 from ddtree_deploy.hosts.local import LocalHost
 from ddtree_deploy.patching.manifest import select_patch_set
 from ddtree_deploy.rollout.generations import GenerationStore
-from ddtree_deploy.rollout.preflight import sglang_python
 from ddtree_deploy.rollout.watch_record import record_validated
 from ddtree_deploy.watch.fingerprint import drift
 
@@ -61,7 +60,7 @@ def test_status_shows_no_drift_until_a_fingerprinted_part_changes(
     overrides = _overrides(tmp_path, venv)
     cfg = compose_config(overrides)
     with LocalHost() as host:
-        facts = probe_facts(host, sglang_python(cfg))
+        facts = probe_facts(host, cfg.host.sglang_python)
         recorded = record_validated(cfg, host, facts, _generations(cfg, host))
     sglang_files = {
         f"SGLang file {f.path}" for p in select_patch_set("0.5.11").patches for f in p.files
@@ -112,7 +111,9 @@ def test_status_reports_a_fingerprint_it_cannot_read_again_as_drift(tmp_path: Pa
     overrides = _overrides(tmp_path, venv)
     cfg = compose_config(overrides)
     with LocalHost() as host:
-        record_validated(cfg, host, probe_facts(host, sglang_python(cfg)), _generations(cfg, host))
+        record_validated(
+            cfg, host, probe_facts(host, cfg.host.sglang_python), _generations(cfg, host)
+        )
     gone = [*overrides, f"host.sglang_venv={tmp_path / 'removed-venv'}", "action=status"]
     assert main(gone) == 1
     assert [line.split(":")[0] for line in _status_event(tmp_path)["drift"]] == [
