@@ -43,6 +43,7 @@ from ddtree_deploy.rollout.validation_flow import (
     ValidationFailed,
     deploy_validated,
     note_stored_baseline,
+    record_gates,
     roll_back_after_failure,
     shadow_judge,
     stored_baseline,
@@ -182,9 +183,7 @@ def _routine(
         if recorded is not None and measurement is not None:
             results.append(_acceptance_gate(cfg, recorded, measurement))
         results += judged
-    record.add("revalidate", cfg.algo.summary, number, results, measurement)
-    for result in results:
-        emit("validate.gate", phase="revalidate", **result.to_dict())
+    record_gates(record, "revalidate", cfg.algo.summary, number, results, measurement)
     return results
 
 

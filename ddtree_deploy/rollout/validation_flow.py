@@ -169,9 +169,7 @@ def run_phase(
             extra, measurement = judge(probe, ctx)
             results += extra
         seen.extend(results)
-        record.add(name, ctx.cfg.algo.summary, ctx.generation, results, measurement)
-        for result in results:
-            emit("validate.gate", phase=name, **result.to_dict())
+        record_gates(record, name, ctx.cfg.algo.summary, ctx.generation, results, measurement)
         decision = decide(results, cfg.validation.on_inconclusive)
         stopper = deciding_gate(results)
         if decision is Decision.rollback and stopper is not None:
@@ -207,6 +205,21 @@ def run_phase(
             hint="Promote with validation.on_inconclusive=promote, or run action=rollback.",
         )
     return outcome
+
+
+def record_gates(
+    record: ValidationRecord,
+    phase: str,
+    algo: str,
+    generation: int | None,
+    results: list[GateResult],
+    measurement: Measurement | None,
+) -> None:
+    """Add the gates a run judged now to `record`, and emit each (`validate.gate`: what a
+    fleet's progress shows); a stored or failed-to-start phase is only added."""
+    record.add(phase, algo, generation, results, measurement)
+    for result in results:
+        emit("validate.gate", phase=phase, **result.to_dict())
 
 
 def roll_back_after_failure(
@@ -377,8 +390,13 @@ def measure_baseline(
         linear = _linear(cfg)
         probe = ServiceProbe(linear, host, api_key)
         gates = probe.first_gates(Expected.of(linear))
-        if any(g.outcome is not Outcome.passed for g in gates):
-            record.add("baseline", linear.algo.summary, current, gates)
+        baseline = None
+        if all(g.outcome is Outcome.passed for g in gates):
+            baseline = _measure(probe, "linear DFlash", "baseline")
+            measured_at = _store_baseline(cfg, host, current, baseline)
+            gates.append(_baseline_result(baseline, measured_at))
+        record.add("baseline", linear.algo.summary, current, gates, baseline)
+        if baseline is None:
             bad = deciding_gate(gates) or gates[-1]
             sentence = (
                 f"The linear-DFlash service on {cfg.host.name} fails gate {bad.gate} before any "
@@ -386,15 +404,6 @@ def measure_baseline(
             )
             record.decide(Decision.failed, sentence)
             raise ValidationFailed(sentence, record)
-        baseline = _measure(probe, "linear DFlash", "baseline")
-        measured_at = _store_baseline(cfg, host, current, baseline)
-        record.add(
-            "baseline",
-            linear.algo.summary,
-            current,
-            [*gates, _baseline_result(baseline, measured_at)],
-            baseline,
-        )
         boundary("validate.baseline")
         return baseline
     found = stored_baseline(cfg, host, generations)
@@ -469,9 +478,7 @@ def validate_running(
         context = GateContext(cfg, host, number, render_service(cfg, api_key), api_key)
         extra, measurement = judge(probe, context)
         results += extra
-    record.add(phase, cfg.algo.summary, number, results, measurement)
-    for result in results:
-        emit("validate.gate", phase=phase, **result.to_dict())
+    record_gates(record, phase, cfg.algo.summary, number, results, measurement)
     stopper = deciding_gate(results)
     if decide(results, cfg.validation.on_inconclusive) is not Decision.promote and stopper:
         sentence = (
