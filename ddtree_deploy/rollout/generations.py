@@ -176,13 +176,16 @@ class GenerationStore:
     def __init__(self, host: ShellHost, state_dir: PurePosixPath) -> None:
         self.host = host
         self.store = HostStateStore(host, state_dir, sudo=True)
+        self._state: HostState | None = None  # as first read, then as this store wrote it
 
     # -- reading -----------------------------------------------------------------------------
 
     def state(self) -> HostState:
         """The host's state: read from the host on first use, then kept (this store's own
         writes update it; nothing else writes the state while the run holds the host's lock)."""
-        return HostState.from_dict(self.store.load())
+        if self._state is None:
+            self._state = HostState.from_dict(self.store.load())
+        return self._state
 
     def started_steps(self, number: int) -> list[str]:
         """The steps a run of generation `number` started, in order (journal `step.apply`)."""
@@ -311,6 +314,7 @@ class GenerationStore:
 
     def _save(self, state: HostState) -> None:
         self.store.update(state.to_dict())
+        self._state = state
 
     def _dir(self, number: int) -> PurePosixPath:
         return self.store.root / "generations" / str(number)
