@@ -24,6 +24,13 @@ from ddtree_deploy.hosts.state import HostStateStore
 from ddtree_deploy.service.render import sha256_text
 
 STATE_FORMAT = 1
+VALIDATION_FILE = "validation.json"  # the promoting validation's record, in its generation's folder
+
+
+def generation_folder(state_dir: str | PurePosixPath, number: int | None) -> PurePosixPath:
+    """Where generation `number` keeps its files (unit, env, meta, validation, baselines); 0
+    (or None: before the first generation) holds what was measured on the unmanaged service."""
+    return PurePosixPath(state_dir) / "generations" / str(number or 0)
 
 
 @dataclass(frozen=True)
@@ -317,7 +324,7 @@ class GenerationStore:
         self._state = state
 
     def _dir(self, number: int) -> PurePosixPath:
-        return self.store.root / "generations" / str(number)
+        return generation_folder(self.store.root, number)
 
     def _backup_host_files(self, where: PurePosixPath, files: ServiceFiles) -> None:
         current = ServiceFiles(

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from pathlib import PurePosixPath
 from typing import Any
 
 from ddtree_deploy.config.schema import Algo, DeployConfig, PromptConfig, TreeMode, WatchPolicy
@@ -34,7 +33,7 @@ from ddtree_deploy.errors import ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
 from ddtree_deploy.hosts.facts import HostFacts
-from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.generations import VALIDATION_FILE, GenerationStore, generation_folder
 from ddtree_deploy.rollout.pipeline import GateContext
 from ddtree_deploy.rollout.rollback import rollback
 from ddtree_deploy.rollout.validation_flow import (
@@ -209,7 +208,7 @@ def _recorded_acceptance(
 ) -> float | None:
     """The acceptance the promoting validation measured on `names` (tokens per verify step),
     from the generation's `validation.json`; None where it recorded none."""
-    path = PurePosixPath(cfg.host.state_dir) / "generations" / str(number) / "validation.json"
+    path = generation_folder(cfg.host.state_dir, number) / VALIDATION_FILE
     text = host.read_text(path, sudo=True)
     if text is None:
         return None

@@ -27,7 +27,7 @@ from ddtree_deploy.config.schema import Algo, DeployConfig, TreeMode
 from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.events import emit
 from ddtree_deploy.hosts.connection import ShellHost
-from ddtree_deploy.rollout.generations import GenerationStore
+from ddtree_deploy.rollout.generations import VALIDATION_FILE, GenerationStore, generation_folder
 from ddtree_deploy.rollout.killpoints import boundary
 from ddtree_deploy.rollout.pipeline import DeployOutcome, GateContext, deploy
 from ddtree_deploy.rollout.rollback import rollback
@@ -302,7 +302,7 @@ def _measure(probe: ServiceProbe, label: str, timing_gate: str) -> Measurement:
 
 def _baseline_path(cfg: DeployConfig, generation: int | None) -> PurePosixPath:
     name = f"baseline-{prompts_hash(cfg)}.json"
-    return PurePosixPath(cfg.host.state_dir) / "generations" / str(generation or 0) / name
+    return generation_folder(cfg.host.state_dir, generation) / name
 
 
 def _store_baseline(
@@ -546,7 +546,7 @@ def promote(
     """Record the passed validation beside the promoted generation `number`."""
     sentence = f"{cfg.host.name} promoted generation {number} ({cfg.algo.summary})."
     record.decide(Decision.promote, sentence)
-    path = PurePosixPath(cfg.host.state_dir) / "generations" / str(number) / "validation.json"
+    path = generation_folder(cfg.host.state_dir, number) / VALIDATION_FILE
     host.write_atomic(path, json.dumps(record.to_dict()) + "\n", mode=0o600, sudo=True)
     generations.journal("validation.promoted", generation=number)
     emit("validate.promoted", generation=number)
