@@ -41,6 +41,9 @@ earlier one passed buys rounds with `--no-gates` (round 0 one untimed wave per s
 (tune_lab.py judges and tables it with the product's code); `--tune-budgets`, `--tune-topks`
 and `--tune-concurrency` replace conf/tune's grid (e.g. the inflated pair over 15,31,63 at 1,8,32);
 `--tune-wave N` serves N candidates at once instead of the size's (1: a 27B shape on an H100).
+`--gpus N`: on a machine with N GPUs (nvidia-h100-x2 or x4), the servers started together (the
+interleaved comparison's, `--together`'s, a tune wave) go to the GPUs in turn, one card each for
+the first N: two 27B servers side by side without an H200, a control on a card of its own.
 
 Results: OUT/results.md (the tables), OUT/results.json, OUT/logs.tar.gz (every run folder and
 server log). The tables are printed last.
@@ -203,11 +206,20 @@ class Lab:
         self.prompts = 0  # how many prompts it holds
         self.toy = False  # the trained pair at train.py's toy sizes (a quick serving check)
         self.api_key: str | None = None  # --api-key: every server requires it
+        self.gpus = 1  # --gpus: the machine's GPUs its servers are spread over
         # The trained pair's own prompt set (held-out text): a config option under this folder.
         self.conf = root / "conf"
         self.validation = ["validation=lab"]
         if size.startswith("trained"):
             self.validation = [f"hydra.searchpath=[file://{self.conf}]", "validation=lab_trained"]
+
+    def on_gpu(self, i: int) -> list[str]:
+        """The overrides that put the `i`-th of servers started together on a GPU of its own
+        where the machine has several (--gpus): the GPUs in turn, so the first --gpus servers
+        (the interleaved comparison's realistic ones, a tune wave) never share a card."""
+        if self.gpus == 1:
+            return []
+        return [f"host.gpu_count={self.gpus}", f"host.gpu_ids=[{i % self.gpus}]"]
 
     def require_api_key(self) -> None:
         """Deploy every server with a fresh API key, which the tool reads from LAB_KEY_VAR."""
@@ -644,10 +656,11 @@ def run_cells(
 def shared_gpu_overrides(
     lab: Lab, target: str, specs: Sequence[CellSpec], base: Sequence[str]
 ) -> list[list[str]]:
-    """Each cell's overrides for servers that share the GPU at once: its own port (30000 on)
-    and the size's caps on each server's share."""
+    """Each cell's overrides for servers that run at once: its own port (30000 on), the size's
+    caps on each server's share of a GPU, and with --gpus its own GPU (`Lab.on_gpu`)."""
     return [[*cell_overrides(target, spec.size or lab.size_name, spec.algo, [*base, *spec.width]),
-             *lab.size.shared_gpu, f"service.port={30000 + i}"] for i, spec in enumerate(specs)]  # fmt: skip
+             *lab.size.shared_gpu, f"service.port={30000 + i}", *lab.on_gpu(i)]
+            for i, spec in enumerate(specs)]  # fmt: skip
 
 
 def serve_in_turn(lab: Lab, plan: TargetCells, save: Callable[[], None]) -> None:
@@ -961,7 +974,7 @@ def run_tune(
         served = []
         for i, (budget, topk) in enumerate(wave):
             overrides = [*shared, "algo=ddtree", f"algo.budget={budget}", f"algo.topk={topk}",
-                         f"service.port={30001 + i}"]  # fmt: skip
+                         f"service.port={30001 + i}", *lab.on_gpu(i)]  # fmt: skip
             served.append((budget, topk, overrides, lab.start(f"tune-b{budget}k{topk}", overrides)))
         try:
             entries = []
@@ -1059,7 +1072,10 @@ def main() -> int:
     for key, example in (("budgets", "15,31,63"), ("topks", "4"), ("concurrency", "1,8,32")):
         parser.add_argument(f"--tune-{key}", metavar="LIST",
                             help=f"with --tune: tune.{key} instead of conf/tune's, e.g. {example}")  # fmt: skip
-    parser.add_argument("--tune-wave", type=int, metavar="N",
+    parser.add_argument("--gpus", type=count, default=1, metavar="N",
+                        help="servers started together go to N GPUs of the machine in turn "
+                        "(e.g. 2: a 27B pair side by side on two 80 GB cards)")  # fmt: skip
+    parser.add_argument("--tune-wave", type=count, metavar="N",
                         help="with --tune: candidates served at once instead of the size's (1 "
                         "for the 27B shape on an 80 GB card)")  # fmt: skip
     parser.add_argument(
@@ -1089,6 +1105,10 @@ def main() -> int:
     if args.tune_wave is not None:
         lab.size = replace(lab.size, tune_wave=args.tune_wave)
     lab.toy = args.toy
+    lab.gpus = args.gpus
+    if args.gpus > 1 and (found := visible_gpus()) < args.gpus:
+        raise SystemExit(f"--gpus {args.gpus}: this machine shows {found} GPUs; give at most "
+                         f"{found}")  # fmt: skip
     if args.api_key:
         lab.require_api_key()
     began = time.monotonic()
@@ -1165,8 +1185,6 @@ def check_flags(
         error("--no-batch-1 leaves no level: name some with --in-flight, e.g. 32")
     if args.tune_wave is not None and not args.tune:
         error("--tune-wave is an option of the tune sweep: add --tune")
-    if args.tune_wave is not None and args.tune_wave < 1:
-        error(f"--tune-wave {args.tune_wave} serves no candidate: give 1 or more")
     for key in TUNE_GRID:
         option = getattr(args, f"tune_{key}")
         if option is not None and not args.tune:
@@ -1181,6 +1199,22 @@ def tune_overrides(args: argparse.Namespace) -> list[str]:
     is refused by the first `action=tune`, in one sentence)."""
     return [f"tune.{key}=[{option}]" for key in TUNE_GRID
             if (option := getattr(args, f"tune_{key}")) is not None]  # fmt: skip
+
+
+def count(text: str) -> int:
+    """A --gpus or --tune-wave value: a whole number, 1 or more (argparse's refusal otherwise)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give 1 or more")
+    return int(text)
+
+
+def visible_gpus() -> int:
+    """How many GPUs `nvidia-smi -L` lists (0 where it cannot run)."""
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
 
 
 def in_flight_levels(option: str) -> list[int]:

@@ -38,6 +38,7 @@ from run import (
 from validate.conftest import free_port
 
 from ddtree_deploy.config import compose_config
+from ddtree_deploy.service.render import render_service
 
 LAB = ["host=h200_lab", "validation=lab"]
 ALGOS = ["dflash", "ddtree_shadow", "ddtree"]
@@ -583,6 +584,32 @@ def test_an_inflated_size_serves_its_pair_beside_the_small_pair_it_grew_from_in_
                                                             ("30000", 8), ("30000", 8), ("30000", 8)]  # fmt: skip
 
 
+def test_with_gpus_a_27b_pair_and_its_small_pair_each_take_the_next_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--gpus 2 (two 80 GB cards, no H200): the 27B DFLASH and tree each on a card of their own,
+    the small pair beside them on the cards in turn; each server's rendered environment names
+    its card, and the config still passes the product's checks (gpu_ids within gpu_count)."""
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
+    monkeypatch.setattr(run, "timed_pass", lambda url, prompts, **kw: {"requests": kw["requests"],
+                                                                       "tokens": 8})  # fmt: skip
+    lab = _overhead_lab(tmp_path)
+    lab.size_name, lab.size = "trained-27b", run.SIZES["trained-27b"]
+    lab.gpus = 2
+    plan = run.OverheadPlan(1, ("63",), levels=(1,), shadow=False, small=True)
+    run.run_overhead(lab, plan, [], [], lambda: None)
+    cards = {
+        label: render_service(
+            compose_config([*LAB, "service=lab_inflated", *o]), None
+        ).environment_masked["CUDA_VISIBLE_DEVICES"]
+        for label, o in lab.started.items()
+    }
+    assert cards == {"overhead-dflash": "0", "overhead-ddtree-63": "1",
+                     "overhead-small-dflash": "0", "overhead-small-ddtree-63": "1"}  # fmt: skip
+    lab.gpus = 1  # one card: every server on it, as before --gpus
+    assert lab.on_gpu(3) == []
+
+
 def test_small_beside_on_a_size_that_was_not_inflated_is_refused_in_one_sentence(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -639,7 +666,8 @@ def test_no_batch_1_without_another_level_is_refused_in_one_sentence(
       "error: --tune-concurrency '1,eight' is not a list of positive integers"),
      (["--tune", "--tune-topks", "0"], "error: --tune-topks '0' is not a list of positive integers"),
      (["--tune-wave", "1"], "error: --tune-wave is an option of the tune sweep: add --tune"),
-     (["--tune", "--tune-wave", "0"], "error: --tune-wave 0 serves no candidate: give 1 or more")],
+     (["--tune", "--tune-wave", "0"], "error: argument --tune-wave: '0' is not a count: give 1"),
+     (["--gpus", "none"], "error: argument --gpus: 'none' is not a count: give 1 or more")],
 )  # fmt: skip
 def test_targets_and_tune_grids_the_run_cannot_serve_are_refused_in_one_sentence(
     argv: list[str],
