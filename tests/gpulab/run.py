@@ -90,7 +90,7 @@ OVERHEAD_PASS_S = 6.0  # generation per measured pass after round 0 (run 2: 1 s 
 START_TIMEOUT_S = 420
 STOP_GRACE_S = 15
 PROFILE_STEPS = 40  # decode steps a profiled server records (--profile)
-PROFILE_TOKENS = 512  # one batch-1 answer long enough for those steps at any acceptance
+PROFILE_TOKENS = 512  # an answer long enough for those steps at any acceptance
 PROFILE_WAIT_S = 240  # for SGLang to export a trace with Python stacks
 PROFILE_QUIET_S = 30  # for one server's export to end before the next server records
 PROFILE_POLL_S = 2  # between looks at a trace being exported
@@ -742,6 +742,7 @@ class OverheadPlan:
     shadow: bool = True
     small: bool = False
     gate_levels: tuple[int, ...] | None = None  # where round 0 validates (None: every level)
+    profile_in_flight: int = 1  # with --profile: the answers each profiled step runs at once
 
     def gated(self, level: int) -> bool:
         """Whether round 0 at `level` is the product's validate (else one wave over HTTP)."""
@@ -839,7 +840,7 @@ def run_overhead(
                                    "repeats": run.get("requests", repeats), **run})  # fmt: skip
             save()
         if timelines is not None:
-            profile_servers(lab, servers, timelines, save)
+            profile_servers(lab, servers, timelines, save, in_flight=plan.profile_in_flight)
     finally:
         lab.stop(*servers.values())
 
@@ -854,16 +855,21 @@ def round_order(servers: Sequence[str], rnd: int) -> list[str]:
 
 
 def profile_servers(
-    lab: Lab, servers: dict[str, Server], timelines: dict[str, Any], save: Callable[[], None]
+    lab: Lab,
+    servers: dict[str, Server],
+    timelines: dict[str, Any],
+    save: Callable[[], None],
+    *,
+    in_flight: int = 1,
 ) -> None:
     """Issue 22's timeline of each live server into `timelines` (or why there is none), saved
-    as each comes. One server's steps are recorded at a time, and none while another exports:
+    as each comes, its steps running `in_flight` answers at once. One server's steps are recorded at a time, and none while another exports:
     SGLang writes the trace inside its scheduler, a core busy for seconds (run 18: 3 to 7 s),
     and a host-bound step recorded beside that is not the one being compared. An export that
     runs past PROFILE_QUIET_S (run 17 saw about 110 s) is left running, since SGLang answers
     both requests only after it, and the next server's timeline says it was recorded beside
     it."""
-    pool = ThreadPoolExecutor(2 * len(servers))
+    pool = ThreadPoolExecutor((1 + in_flight) * len(servers))
     try:
         recorded: dict[str, Path | str] = {}
         beside: dict[str, str] = {}
@@ -873,7 +879,7 @@ def profile_servers(
             exporting = [(n, f) for n, f in exporting if finished_trace(f, quiet) is None]
             if exporting:
                 beside[name] = exporting[-1][0]
-            recorded[name] = folder = record_profile(lab, name, server, pool)
+            recorded[name] = folder = record_profile(lab, name, server, pool, in_flight)
             if isinstance(folder, Path):
                 exporting.append((name, folder))
         deadline = time.monotonic() + PROFILE_WAIT_S
@@ -887,10 +893,13 @@ def profile_servers(
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def record_profile(lab: Lab, name: str, server: Server, pool: ThreadPoolExecutor) -> Path | str:
-    """SGLang's own /start_profile (CPU and GPU, Python stacks) over PROFILE_STEPS steps of one
-    batch-1 answer, both requests left running in `pool` once the server logs that the
-    recording stopped; the folder the trace is exported to, or why nothing was recorded."""
+def record_profile(
+    lab: Lab, name: str, server: Server, pool: ThreadPoolExecutor, in_flight: int = 1
+) -> Path | str:
+    """SGLang's own /start_profile (CPU and GPU, Python stacks) over PROFILE_STEPS steps of
+    `in_flight` answers at once (1: batch 1; 8: where a wide tree's verify starts to cost), the
+    requests left running in `pool` once the server logs that the recording stopped; the folder
+    the trace is exported to, or why nothing was recorded."""
     folder = lab.root / "profiles" / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -904,8 +913,8 @@ def record_profile(lab: Lab, name: str, server: Server, pool: ThreadPoolExecutor
     requests = [pool.submit(httpx.post, f"{url}/start_profile", json=request, headers=headers,
                             timeout=PROFILE_WAIT_S)]  # fmt: skip
     time.sleep(2)
-    requests.append(pool.submit(httpx.post, f"{url}/generate", json=answer, headers=headers,
-                                timeout=PROFILE_WAIT_S))  # fmt: skip
+    requests += [pool.submit(httpx.post, f"{url}/generate", json=answer, headers=headers,
+                             timeout=PROFILE_WAIT_S) for _ in range(in_flight)]  # fmt: skip
     deadline = time.monotonic() + PROFILE_WAIT_S
     while _log_text(server.log).count(PROFILE_STOPPED) == stops_before:
         failed = [r.exception() for r in requests if r.done() and r.exception() is not None]
@@ -1065,9 +1074,9 @@ def main() -> int:
                         "and widest tree beside, rounds 0 and 1 (their acceptance)")  # fmt: skip
     parser.add_argument("--no-batch-1", action="store_true",
                         help="with --overhead: only the --in-flight levels, not batch 1")  # fmt: skip
-    parser.add_argument("--profile", action="store_true",
+    parser.add_argument("--profile", nargs="?", const=1, type=count, metavar="N",
                         help="with --overhead: then each server's step timeline from SGLang's "
-                        "/start_profile (issue 22)")  # fmt: skip
+                        "/start_profile (issue 22), over N answers at once (default 1)")  # fmt: skip
     parser.add_argument("--tune", action="store_true", help="only the tune sweep (attention)")
     for key, example in (("budgets", "15,31,63"), ("topks", "4"), ("concurrency", "1,8,32")):
         parser.add_argument(f"--tune-{key}", metavar="LIST",
@@ -1096,6 +1105,9 @@ def main() -> int:
         args.targets, overhead=bool(args.overhead), tune=args.tune, error=parser.error
     )
     check_flags(args, targets, parser.error)
+    if not (args.bundle / "MANIFEST.json").is_file():
+        parser.error(f"--bundle {args.bundle} holds no MANIFEST.json: make the bundle with "
+                     "tests/gpulab/bundle.py and carry it")  # fmt: skip
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
@@ -1148,11 +1160,13 @@ def main() -> int:
                                 overhead_levels(args.in_flight, batch_1=not args.no_batch_1),
                                 args.pass_seconds, args.control, gates=not args.no_gates,
                                 target=targets[0], shadow=not args.no_shadow,
-                                small=args.small_beside,
+                                small=args.small_beside, profile_in_flight=args.profile or 1,
                                 gate_levels=None if args.gate_levels is None
                                 else tuple(in_flight_levels(args.gate_levels)))  # fmt: skip
             results["overhead_target"] = plan.target
             timelines = results.setdefault("timeline", {}) if args.profile else None
+            if args.profile:
+                results["timeline_in_flight"] = args.profile
             run_overhead(lab, plan, base, results["overhead"], save, timelines)
         elif args.tune:
             results["tune_sweep"] = []

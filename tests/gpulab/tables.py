@@ -74,7 +74,9 @@ def render_table(results: dict[str, Any]) -> str:
     if results.get("decode_log"):
         lines += ["", *decode_log_table(results["decode_log"])]
     if results.get("timeline"):
-        lines += ["", *timeline_table(results["timeline"])]
+        in_flight = results.get("timeline_in_flight", 1)
+        lines += ["", f"Step timelines, {in_flight} answer{'s' * (in_flight > 1)} at once:", "",
+                  *timeline_table(results["timeline"])]  # fmt: skip
     if results.get("tune"):
         lines += ["", results["tune"]]
     return "\n".join(lines) + "\n"

@@ -667,7 +667,8 @@ def test_no_batch_1_without_another_level_is_refused_in_one_sentence(
      (["--tune", "--tune-topks", "0"], "error: --tune-topks '0' is not a list of positive integers"),
      (["--tune-wave", "1"], "error: --tune-wave is an option of the tune sweep: add --tune"),
      (["--tune", "--tune-wave", "0"], "error: argument --tune-wave: '0' is not a count: give 1"),
-     (["--gpus", "none"], "error: argument --gpus: 'none' is not a count: give 1 or more")],
+     (["--gpus", "none"], "error: argument --gpus: 'none' is not a count: give 1 or more"),
+     (["--bundle", "/nonexistent"], "error: --bundle /nonexistent holds no MANIFEST.json")],
 )  # fmt: skip
 def test_targets_and_tune_grids_the_run_cannot_serve_are_refused_in_one_sentence(
     argv: list[str],

@@ -255,3 +255,47 @@ def test_a_server_is_not_recorded_while_the_one_before_exports(
     assert first.exported_at[0] < min(second.asked_at)  # type: ignore[attr-defined]
     shadow = timelines["ddtree_shadow"]
     assert isinstance(shadow, dict) and "recorded_beside_export_of" not in shadow
+
+
+def test_a_profile_at_8_in_flight_records_steps_of_8_answers_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--profile 8` (issue 45: where the 27B tree's verify costs more than its arithmetic): the
+    recorded steps run eight answers at once, so all eight are asked for while SGLang records,
+    and the table says at how many the timelines were taken."""
+    log = tmp_path / "server.log"
+    asked: list[str] = []
+    all_asked = threading.Event()
+
+    class Recording(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            asked.append(self.path)
+            if asked.count("/generate") == 8:
+                all_asked.set()
+            if self.path == "/generate" and all_asked.wait(5):
+                with log.open("a") as out:
+                    out.write(f"{run.PROFILE_STOPPED}...\n")
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = _serve(Recording)
+    monkeypatch.setattr(run.time, "sleep", lambda s: None)
+    lab = run.Lab(tmp_path / "lab", tmp_path / "out", "0.5.11", "tiny")
+    server = run.Server("dflash", None, httpd.server_address[1], log, 0.0)  # type: ignore[arg-type]
+    pool = run.ThreadPoolExecutor(9)
+    try:
+        folder = run.record_profile(lab, "dflash", server, pool, in_flight=8)
+    finally:
+        pool.shutdown(wait=True)
+        httpd.shutdown()
+    assert folder == tmp_path / "lab" / "profiles" / "dflash"
+    assert asked[0] == "/start_profile" and asked.count("/generate") == 8
+    table = render_table({"release": "0.5.11", "steps": [], "cells": [],
+                          "timeline": {"dflash": "no finished trace within 240 s"},
+                          "timeline_in_flight": 8})  # fmt: skip
+    assert "Step timelines, 8 answers at once:" in table
