@@ -863,12 +863,12 @@ def profile_servers(
     in_flight: int = 1,
 ) -> None:
     """Issue 22's timeline of each live server into `timelines` (or why there is none), saved
-    as each comes, its steps running `in_flight` answers at once. One server's steps are recorded at a time, and none while another exports:
-    SGLang writes the trace inside its scheduler, a core busy for seconds (run 18: 3 to 7 s),
-    and a host-bound step recorded beside that is not the one being compared. An export that
-    runs past PROFILE_QUIET_S (run 17 saw about 110 s) is left running, since SGLang answers
-    both requests only after it, and the next server's timeline says it was recorded beside
-    it."""
+    as each comes, its steps running `in_flight` answers at once. One server's steps are
+    recorded at a time, and none while another exports: SGLang writes the trace inside its
+    scheduler, a core busy for seconds (run 18: 3 to 7 s), and a host-bound step recorded
+    beside that is not the one being compared. An export that runs past PROFILE_QUIET_S (run 17
+    saw about 110 s) is left running, since SGLang answers its requests only after it, and the
+    next server's timeline says it was recorded beside it."""
     pool = ThreadPoolExecutor((1 + in_flight) * len(servers))
     try:
         recorded: dict[str, Path | str] = {}
@@ -1108,6 +1108,8 @@ def main() -> int:
     if not (args.bundle / "MANIFEST.json").is_file():
         parser.error(f"--bundle {args.bundle} holds no MANIFEST.json: make the bundle with "
                      "tests/gpulab/bundle.py and carry it")  # fmt: skip
+    if args.gpus > 1 and (found := visible_gpus()) < args.gpus:
+        parser.error(f"--gpus {args.gpus}: this machine shows {found} GPUs; give at most {found}")
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []
@@ -1118,9 +1120,6 @@ def main() -> int:
         lab.size = replace(lab.size, tune_wave=args.tune_wave)
     lab.toy = args.toy
     lab.gpus = args.gpus
-    if args.gpus > 1 and (found := visible_gpus()) < args.gpus:
-        raise SystemExit(f"--gpus {args.gpus}: this machine shows {found} GPUs; give at most "
-                         f"{found}")  # fmt: skip
     if args.api_key:
         lab.require_api_key()
     began = time.monotonic()

@@ -610,6 +610,22 @@ def test_with_gpus_a_27b_pair_and_its_small_pair_each_take_the_next_gpu(
     assert lab.on_gpu(3) == []
 
 
+def test_more_gpus_than_the_machine_shows_are_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle, out = tmp_path / "bundle", tmp_path / "out"
+    bundle.mkdir()
+    (bundle / "MANIFEST.json").write_text('{"release": "0.5.11"}')
+    monkeypatch.setattr(run, "visible_gpus", lambda: 1)
+    argv = ["run.py", "--bundle", str(bundle), "--out", str(out), "--gpus", "2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        run.main()
+    assert exited.value.code == 2
+    assert "error: --gpus 2: this machine shows 1 GPUs; give at most 1" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_small_beside_on_a_size_that_was_not_inflated_is_refused_in_one_sentence(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
