@@ -610,36 +610,32 @@ def test_with_gpus_a_27b_pair_and_its_small_pair_each_take_the_next_gpu(
     assert lab.on_gpu(3) == []
 
 
+def _refusal(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *flags: str,
+) -> str:
+    """run.py's refusal of `flags`: exit 2 before anything is installed or written, and what it
+    said."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(out), *flags])
+    with pytest.raises(SystemExit) as exited:
+        run.main()
+    assert exited.value.code == 2
+    assert not out.exists()
+    return capsys.readouterr().err
+
+
 def test_more_gpus_than_the_machine_shows_are_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bundle, out = tmp_path / "bundle", tmp_path / "out"
+    bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "MANIFEST.json").write_text('{"release": "0.5.11"}')
     monkeypatch.setattr(run, "visible_gpus", lambda: 1)
-    argv = ["run.py", "--bundle", str(bundle), "--out", str(out), "--gpus", "2"]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exited:
-        run.main()
-    assert exited.value.code == 2
-    assert "error: --gpus 2: this machine shows 1 GPUs; give at most 1" in capsys.readouterr().err
-    assert not out.exists()
-
-
-def test_small_beside_on_a_size_that_was_not_inflated_is_refused_in_one_sentence(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "out"
-    argv = ["run.py", "--out", str(out), "--overhead", "2", "--size", "trained", "--small-beside"]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exited:
-        run.main()
-    assert exited.value.code == 2
-    assert (
-        "error: --small-beside serves the pair an inflated size grew from"
-        in capsys.readouterr().err
-    )
-    assert not out.exists()
+    said = _refusal(tmp_path, monkeypatch, capsys, "--bundle", str(bundle), "--gpus", "2")
+    assert "error: --gpus 2: this machine shows 1 GPUs; give at most 1" in said
 
 
 @pytest.mark.parametrize(
@@ -649,26 +645,7 @@ def test_small_beside_on_a_size_that_was_not_inflated_is_refused_in_one_sentence
 def test_a_flag_of_the_interleaved_comparison_without_it_is_refused_in_one_sentence(
     flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(out), flag])
-    with pytest.raises(SystemExit) as exited:
-        run.main()
-    assert exited.value.code == 2
-    assert f"error: {flag.split('=')[0]} " in capsys.readouterr().err
-    assert not out.exists()  # refused before anything is installed or written
-
-
-def test_no_batch_1_without_another_level_is_refused_in_one_sentence(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "out"
-    argv = ["run.py", "--out", str(out), "--overhead", "2", "--no-batch-1", "--in-flight", ""]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exited:
-        run.main()
-    assert exited.value.code == 2
-    assert "error: --no-batch-1 leaves no level" in capsys.readouterr().err
-    assert not out.exists()
+    assert f"error: {flag.split('=')[0]} " in _refusal(tmp_path, monkeypatch, capsys, flag)
 
 
 @pytest.mark.parametrize(
@@ -684,9 +661,13 @@ def test_no_batch_1_without_another_level_is_refused_in_one_sentence(
      (["--tune-wave", "1"], "error: --tune-wave is an option of the tune sweep: add --tune"),
      (["--tune", "--tune-wave", "0"], "error: argument --tune-wave: '0' is not a count: give 1"),
      (["--gpus", "none"], "error: argument --gpus: 'none' is not a count: give 1 or more"),
-     (["--bundle", "/nonexistent"], "error: --bundle /nonexistent holds no MANIFEST.json")],
+     (["--bundle", "/nonexistent"], "error: --bundle /nonexistent holds no MANIFEST.json"),
+     (["--overhead", "2", "--size", "trained", "--small-beside"],
+      "error: --small-beside serves the pair an inflated size grew from"),
+     (["--overhead", "2", "--no-batch-1", "--in-flight", ""],
+      "error: --no-batch-1 leaves no level")],
 )  # fmt: skip
-def test_targets_and_tune_grids_the_run_cannot_serve_are_refused_in_one_sentence(
+def test_flags_the_run_cannot_serve_are_refused_in_one_sentence(
     argv: list[str],
     sentence: str,
     tmp_path: Path,
@@ -694,13 +675,7 @@ def test_targets_and_tune_grids_the_run_cannot_serve_are_refused_in_one_sentence
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """--overhead and --tune once served the attention target whatever --targets said."""
-    out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(out), *argv])
-    with pytest.raises(SystemExit) as exited:
-        run.main()
-    assert exited.value.code == 2
-    assert sentence in capsys.readouterr().err
-    assert not out.exists()
+    assert sentence in _refusal(tmp_path, monkeypatch, capsys, *argv)
 
 
 def test_the_targets_default_to_both_for_the_matrix_and_attention_for_a_comparison() -> None:
