@@ -1165,7 +1165,7 @@ def main() -> int:
             results["overhead_target"] = plan.target
             timelines = results.setdefault("timeline", {}) if args.profile else None
             if args.profile:
-                results["timeline_in_flight"] = args.profile
+                results["timeline_in_flight"] = plan.profile_in_flight
             run_overhead(lab, plan, base, results["overhead"], save, timelines)
         elif args.tune:
             results["tune_sweep"] = []
