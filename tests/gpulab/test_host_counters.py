@@ -24,10 +24,10 @@ def _spin(seconds: float) -> None:
 
 
 def test_a_pass_names_the_busiest_watched_process_and_its_cpu_share() -> None:
+    me = psutil.Process()
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        pids = [idle.pid, psutil.Process().pid, 2**22 + 7]  # the last: no such process
-        me = psutil.Process()
+        pids = [idle.pid, me.pid, 2**22 + 7]  # the last: no such process
         cpu_before, wall_before = sum(me.cpu_times()[:2]), time.monotonic()
         before = sample(pids)
         assert set(before.processes) == {idle.pid, me.pid}
@@ -37,7 +37,7 @@ def test_a_pass_names_the_busiest_watched_process_and_its_cpu_share() -> None:
     finally:
         idle.kill()
         idle.wait()
-    assert figures["hot_process"] == psutil.Process().name()
+    assert figures["hot_process"] == me.name()
     # what this process got of a CPU, however loaded the machine is (ticks round; at most one CPU)
     assert 0 < figures["hot_cpu_pct"] <= 110
     assert abs(figures["hot_cpu_pct"] - share) < 15
