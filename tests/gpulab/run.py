@@ -1109,7 +1109,10 @@ def main() -> int:
         parser.error(f"--bundle {args.bundle} holds no MANIFEST.json: make the bundle with "
                      "tests/gpulab/bundle.py and carry it")  # fmt: skip
     if args.gpus > 1 and (found := visible_gpus()) < args.gpus:
-        parser.error(f"--gpus {args.gpus}: this machine shows {found} GPUs; give at most {found}")
+        parser.error(
+            f"--gpus {args.gpus}: this machine shows {found} GPU{'' if found == 1 else 's'}; "
+            f"give at most {found}"
+        )
     # `timeout` sends SIGTERM: unwind so the running cell stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = ["service.deterministic_inference=true"] if args.deterministic else []

@@ -635,7 +635,7 @@ def test_more_gpus_than_the_machine_shows_are_refused_before_anything_is_written
     (bundle / "MANIFEST.json").write_text('{"release": "0.5.11"}')
     monkeypatch.setattr(run, "visible_gpus", lambda: 1)
     said = _refusal(tmp_path, monkeypatch, capsys, "--bundle", str(bundle), "--gpus", "2")
-    assert "error: --gpus 2: this machine shows 1 GPUs; give at most 1" in said
+    assert "error: --gpus 2: this machine shows 1 GPU; give at most 1" in said
 
 
 @pytest.mark.parametrize(
