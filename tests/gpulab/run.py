@@ -36,7 +36,9 @@ about OVERHEAD_PASS_S each, the order rotating per round, each pass with what th
 meanwhile: host_counters.py): shadow_linear's cost and each tree's speed over DFLASH, as
 medians of paired rounds. A follow-up call whose gates an
 earlier one passed buys rounds with `--no-gates` (round 0 one untimed wave per server) and
-`--no-batch-1` (only the `--in-flight` levels).
+`--no-batch-1` (only the `--in-flight` levels). `--one-by-one` (with `--overhead 1`) serves
+the servers one at a time instead, each its round 0 and `--profile` timeline alone on the GPU:
+a 27B shape's DFLASH and tree timed on one 80 GB card, where two do not fit side by side.
 `--tune`: `action=tune`'s sweep on the attention target with the lab as service manager
 (tune_lab.py judges and tables it with the product's code); `--tune-budgets`, `--tune-topks`
 and `--tune-concurrency` replace conf/tune's grid (e.g. the inflated pair over 15,31,63 at 1,8,32);
@@ -743,6 +745,9 @@ class OverheadPlan:
     small: bool = False
     gate_levels: tuple[int, ...] | None = None  # where round 0 validates (None: every level)
     profile_in_flight: int = 1  # with --profile: the answers each profiled step runs at once
+    # --one-by-one: each server alone on the GPU, its round 0 and timeline, then the next (a
+    # 27B shape's DFLASH and tree on one 80 GB card); nothing is interleaved, so rounds is 1.
+    one_by_one: bool = False
 
     def gated(self, level: int) -> bool:
         """Whether round 0 at `level` is the product's validate (else one wave over HTTP)."""
@@ -789,6 +794,24 @@ def run_overhead(
     answered in about `plan.pass_s` seconds, the same for every server, the order rotating per
     round, so drift of the machine falls on all alike."""
     specs = overhead_cells(plan.budgets, control=plan.control, shadow=plan.shadow, small=plan.small)
+    groups = [[name] for name in specs] if plan.one_by_one else [list(specs)]
+    for group in groups:
+        served = {name: specs[name] for name in group}
+        if not serve_overhead(lab, plan, served, base, passes, save, timelines):
+            return
+
+
+def serve_overhead(
+    lab: Lab,
+    plan: OverheadPlan,
+    specs: dict[str, CellSpec],
+    base: list[str],
+    passes: list[dict[str, Any]],
+    save: Callable[[], None],
+    timelines: dict[str, Any] | None,
+) -> bool:
+    """`specs`' servers started at once, their rounds and timelines (run_overhead's whole
+    comparison, or with `plan.one_by_one` one server's part); False when one did not start."""
     overrides = shared_gpu_overrides(lab, plan.target, list(specs.values()), base)
     cells = dict(zip(specs, overrides, strict=True))
     servers = {name: lab.start(f"overhead-{name}", o) for name, o in cells.items()}
@@ -798,7 +821,7 @@ def run_overhead(
             start_s, error = lab.wait(server)
             if error is not None:
                 passes.append({"algo": name, "start_error": error})
-                return
+                return False
             check = key_exposure(server, lab.api_key) if lab.api_key else None
             passes.append({"algo": name, "start_s": start_s, "key_check": check})
         pids = {name: lab.server_pids(server) for name, server in servers.items()}
@@ -843,6 +866,7 @@ def run_overhead(
             profile_servers(lab, servers, timelines, save, in_flight=plan.profile_in_flight)
     finally:
         lab.stop(*servers.values())
+    return True
 
 
 def round_order(servers: Sequence[str], rnd: int) -> list[str]:
@@ -1072,6 +1096,9 @@ def main() -> int:
     parser.add_argument("--small-beside", action="store_true",
                         help="with --overhead at an inflated size: the trained pair's own DFLASH "
                         "and widest tree beside, rounds 0 and 1 (their acceptance)")  # fmt: skip
+    parser.add_argument("--one-by-one", action="store_true",
+                        help="with --overhead 1: each server alone on the GPU, its round 0 and "
+                        "--profile timeline, then the next (a 27B shape on an 80 GB card)")  # fmt: skip
     parser.add_argument("--no-batch-1", action="store_true",
                         help="with --overhead: only the --in-flight levels, not batch 1")  # fmt: skip
     parser.add_argument("--profile", nargs="?", const=1, type=count, metavar="N",
@@ -1163,6 +1190,7 @@ def main() -> int:
                                 args.pass_seconds, args.control, gates=not args.no_gates,
                                 target=targets[0], shadow=not args.no_shadow,
                                 small=args.small_beside, profile_in_flight=args.profile or 1,
+                                one_by_one=args.one_by_one,
                                 gate_levels=None if args.gate_levels is None
                                 else tuple(in_flight_levels(args.gate_levels)))  # fmt: skip
             results["overhead_target"] = plan.target
@@ -1190,10 +1218,15 @@ def check_flags(
         error(f"--size {args.size} has one target: give --targets attention")
     if args.profile and not args.overhead:
         error("--profile profiles the interleaved comparison's servers: add --overhead 1")
-    for flag in ("control", "no_gates", "no_batch_1", "no_shadow", "small_beside", "gate_levels"):
+    flags = ("control", "no_gates", "no_batch_1", "no_shadow", "small_beside", "gate_levels",
+             "one_by_one")  # fmt: skip
+    for flag in flags:
         if getattr(args, flag) not in (None, False) and not args.overhead:
             error(f"--{flag.replace('_', '-')} is an option of the interleaved comparison: "
                   "add --overhead ROUNDS")  # fmt: skip
+    if args.one_by_one and args.overhead > 1:
+        error(f"--one-by-one serves one server at a time, so nothing is interleaved: give "
+              f"--overhead 1, not {args.overhead}")  # fmt: skip
     if args.small_beside and args.size not in INFLATED:
         error(f"--small-beside serves the pair an inflated size grew from: give --size "
               f"{' or '.join(INFLATED)}")  # fmt: skip

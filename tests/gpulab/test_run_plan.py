@@ -610,6 +610,48 @@ def test_with_gpus_a_27b_pair_and_its_small_pair_each_take_the_next_gpu(
     assert lab.on_gpu(3) == []
 
 
+def test_one_by_one_serves_each_server_alone_its_round_0_then_its_timeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--one-by-one (a 27B shape's DFLASH and tree on one 80 GB card): a server is started only
+    once the one before it stopped, each on the first port, judged and profiled while alone."""
+    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
+    monkeypatch.setattr(run, "timed_pass", lambda url, prompts, **kw: {"requests": kw["requests"],
+                                                                       "tokens": 8})  # fmt: skip
+    events: list[str] = []
+    lab = _overhead_lab(tmp_path)
+    lab.size_name, lab.size = "trained-27b", run.SIZES["trained-27b"]
+    start, stop = lab.start, lab.stop
+
+    def started(label: str, overrides: list[str], environment: object = None) -> Server:
+        events.append(f"start {label}")
+        return start(label, overrides)
+
+    def stopped(*servers: Server) -> None:
+        events.extend(f"stop {s.label}" for s in servers)
+        stop(*servers)
+
+    def profiled(lab_: Lab, servers: dict[str, Server], timelines: dict[str, object],
+                 save: object, *, in_flight: int) -> None:  # fmt: skip
+        events.extend(f"profile {name} at {in_flight}" for name in servers)
+
+    monkeypatch.setattr(lab, "start", started)
+    monkeypatch.setattr(lab, "stop", stopped)
+    monkeypatch.setattr(run, "profile_servers", profiled)
+    plan = run.OverheadPlan(1, ("31",), levels=(8,), shadow=False, gates=False,
+                            profile_in_flight=8, one_by_one=True)  # fmt: skip
+    passes: list[dict[str, object]] = []
+    run.run_overhead(lab, plan, [], passes, lambda: None, timelines={})
+    assert events == [
+        "start overhead-dflash", "profile dflash at 8", "stop overhead-dflash",
+        "start overhead-ddtree-31", "profile ddtree-31 at 8", "stop overhead-ddtree-31",
+    ]  # fmt: skip
+    assert all("service.port=30000" in o for o in lab.started.values())
+    assert [(p["algo"], p.get("round")) for p in passes] == [
+        ("dflash", None), ("dflash", 0), ("ddtree-31", None), ("ddtree-31", 0)
+    ]  # fmt: skip
+
+
 def _refusal(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -640,7 +682,15 @@ def test_more_gpus_than_the_machine_shows_are_refused_before_anything_is_written
 
 @pytest.mark.parametrize(
     "flag",
-    ["--control", "--profile", "--no-gates", "--no-batch-1", "--no-shadow", "--small-beside"],
+    [
+        "--control",
+        "--profile",
+        "--no-gates",
+        "--no-batch-1",
+        "--no-shadow",
+        "--small-beside",
+        "--one-by-one",
+    ],
 )
 def test_a_flag_of_the_interleaved_comparison_without_it_is_refused_in_one_sentence(
     flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -665,7 +715,10 @@ def test_a_flag_of_the_interleaved_comparison_without_it_is_refused_in_one_sente
      (["--overhead", "2", "--size", "trained", "--small-beside"],
       "error: --small-beside serves the pair an inflated size grew from"),
      (["--overhead", "2", "--no-batch-1", "--in-flight", ""],
-      "error: --no-batch-1 leaves no level")],
+      "error: --no-batch-1 leaves no level"),
+     (["--overhead", "3", "--one-by-one"],
+      "error: --one-by-one serves one server at a time, so nothing is interleaved: give "
+      "--overhead 1, not 3")],
 )  # fmt: skip
 def test_flags_the_run_cannot_serve_are_refused_in_one_sentence(
     argv: list[str],
