@@ -792,7 +792,8 @@ def run_overhead(
     without `plan.gates` one wave on each over HTTP; later
     rounds are timed passes straight over HTTP (speed.py), as many requests as DFLASH's round 0
     answered in about `plan.pass_s` seconds, the same for every server, the order rotating per
-    round, so drift of the machine falls on all alike."""
+    round, so drift of the machine falls on all alike. With `plan.one_by_one` each server is
+    served alone, its round 0 and timeline, and stopped before the next starts."""
     specs = overhead_cells(plan.budgets, control=plan.control, shadow=plan.shadow, small=plan.small)
     groups = [[name] for name in specs] if plan.one_by_one else [list(specs)]
     for group in groups:

@@ -615,10 +615,13 @@ def test_one_by_one_serves_each_server_alone_its_round_0_then_its_timeline(
 ) -> None:
     """--one-by-one (a 27B shape's DFLASH and tree on one 80 GB card): a server is started only
     once the one before it stopped, each on the first port, judged and profiled while alone."""
-    monkeypatch.setattr(run, "summarize", lambda report, code: {"exit": code, "gates": {}})
-    monkeypatch.setattr(run, "timed_pass", lambda url, prompts, **kw: {"requests": kw["requests"],
-                                                                       "tokens": 8})  # fmt: skip
     events: list[str] = []
+
+    def wave(url: str, prompts: object, **kw: int) -> dict[str, object]:
+        events.append(f"wave of {kw['requests']} at {url.rsplit(':', 1)[1]}")
+        return {"requests": kw["requests"], "tokens": 8}
+
+    monkeypatch.setattr(run, "timed_pass", wave)
     lab = _overhead_lab(tmp_path)
     lab.size_name, lab.size = "trained-27b", run.SIZES["trained-27b"]
     start, stop = lab.start, lab.stop
@@ -643,8 +646,10 @@ def test_one_by_one_serves_each_server_alone_its_round_0_then_its_timeline(
     passes: list[dict[str, object]] = []
     run.run_overhead(lab, plan, [], passes, lambda: None, timelines={})
     assert events == [
-        "start overhead-dflash", "profile dflash at 8", "stop overhead-dflash",
-        "start overhead-ddtree-31", "profile ddtree-31 at 8", "stop overhead-ddtree-31",
+        "start overhead-dflash", "wave of 8 at 30000", "profile dflash at 8",
+        "stop overhead-dflash",
+        "start overhead-ddtree-31", "wave of 8 at 30000", "profile ddtree-31 at 8",
+        "stop overhead-ddtree-31",
     ]  # fmt: skip
     assert all("service.port=30000" in o for o in lab.started.values())
     assert [(p["algo"], p.get("round")) for p in passes] == [
